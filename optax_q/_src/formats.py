@@ -1,0 +1,343 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Number formats for optimizer state: the registry behind ``get_format``.
+
+A :class:`Format` says how one value is stored:
+
+* ``kind='float'``: a floating-point grid with ``exponent_bits`` and
+  ``mantissa_bits``, stored in a native dtype (``fp32``, ``bf16``, ``fp16``,
+  ``fp8_e4m3``, ``fp8_e5m2``) or, for simulated ``e{E}m{M}`` formats, rounded
+  to the grid in fp32 and kept in the smallest native container that holds
+  the grid exactly (``bfloat16`` when ``E <= 8`` and ``M <= 7``, else
+  ``float32``). Simulated formats are reported as the container's bytes.
+* ``kind='int'``: a signed linear integer grid ``{-q, ..., q}`` with
+  ``q = 2**(bits-1) - 1`` (``int8``: 127, ``int4``: 7).
+* ``kind='codebook'``: a sorted table of values (``fp4_e2m1``,
+  ``fp4_e2m2u``, ``int8_dynamic``); a code is an index into the table.
+
+Four-bit codes are packed two per byte (see ``packing.py``), so a 4-bit
+state really takes half a byte per element plus its scales.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+
+import jax.numpy as jnp
+import numpy as np
+
+ROUNDING_MODES = ('nearest', 'stochastic')
+SCALE_MODES = ('none', 'tensor', 'row', 'block')
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+  """A storage format for one state leaf (hashable, static).
+
+  Attributes:
+    name: Canonical name, e.g. ``'fp8_e4m3'``.
+    kind: ``'float'``, ``'int'`` or ``'codebook'``.
+    bits: Bits of one code (the packed width: 4 for 4-bit formats).
+    storage_dtype: Name of the dtype the codes are kept in (``'uint8'`` for
+      packed 4-bit codes and codebook indices).
+    exponent_bits: Exponent bits of a float grid (``None`` otherwise).
+    mantissa_bits: Stored mantissa bits of a float grid (``None`` for
+      integer and table formats without a mantissa).
+    max_value: Largest finite magnitude of the grid (before scaling).
+    signed: Whether the grid holds negative values.
+    scaled: Whether values are divided by a per-block/row/tensor scale
+      before encoding by default.
+    table: Sorted grid values for ``kind='codebook'``.
+    min_normal: Smallest normal magnitude of a float grid.
+  """
+
+  name: str
+  kind: str
+  bits: int
+  storage_dtype: str
+  exponent_bits: int | None = None
+  mantissa_bits: int | None = None
+  max_value: float = 1.0
+  signed: bool = True
+  scaled: bool = True
+  table: tuple[float, ...] | None = None
+  min_normal: float | None = None
+
+  @property
+  def packed(self) -> bool:
+    """Whether codes are packed two per byte."""
+    return self.bits == 4
+
+  @property
+  def dtype(self) -> np.dtype:
+    return jnp.dtype(self.storage_dtype)
+
+  @property
+  def is_identity(self) -> bool:
+    """``fp32``: the leaf is kept as a plain float32 array."""
+    return self.name == 'fp32'
+
+  @property
+  def container_bits(self) -> int:
+    """Bits per element actually held in memory (before scales)."""
+    return 4 if self.packed else 8 * self.dtype.itemsize
+
+  def __repr__(self) -> str:
+    return f'Format({self.name!r})'
+
+
+def _float_grid(ebits: int, mbits: int, finite_max: float) -> tuple:
+  """All non-negative values of a small float grid, sorted."""
+  bias = 2 ** (ebits - 1) - 1
+  emin = 1 - bias
+  values = set()
+  for e_field in range(2**ebits):
+    for m in range(2**mbits):
+      if e_field == 0:
+        v = m * 2.0 ** (emin - mbits)
+      else:
+        v = (1 + m / 2**mbits) * 2.0 ** (e_field - bias)
+      if v <= finite_max:
+        values.add(v)
+  return tuple(sorted(values))
+
+
+def _ieee_float(name, ebits, mbits, storage, max_value) -> Format:
+  bias = 2 ** (ebits - 1) - 1
+  return Format(
+      name=name,
+      kind='float',
+      bits=1 + ebits + mbits,
+      storage_dtype=storage,
+      exponent_bits=ebits,
+      mantissa_bits=mbits,
+      max_value=float(max_value),
+      scaled=False,
+      min_normal=2.0 ** (1 - bias),
+  )
+
+
+def dynamic_map(*, signed: bool, total_bits: int = 8,
+                max_exponent_bits: int = 7) -> tuple[float, ...]:
+  """The dynamic (tree) quantization map of 8-bit optimizers.
+
+  A sign bit (signed maps only), a run of zero bits giving a base-10
+  exponent, an indicator bit, then a linear fraction in [0.1, 1] at bin
+  midpoints. Values are normalised to [-1, 1] (signed) or [0, 1].
+
+  References:
+    Dettmers et al, `8-bit Optimizers via Block-wise Quantization
+    <https://arxiv.org/abs/2110.02861>`_, 2022
+  """
+  non_sign_bits = total_bits - (1 if signed else 0)
+  levels = []
+  for i in range(max_exponent_bits):
+    n = 2 ** (i + non_sign_bits - max_exponent_bits) if signed else 2 ** (
+        i + non_sign_bits - max_exponent_bits + 1)
+    n = int(n)
+    bounds = np.linspace(0.1, 1.0, n + 1)
+    mids = (bounds[:-1] + bounds[1:]) / 2
+    scale = 10.0 ** (i - (max_exponent_bits - 1))
+    levels.extend((scale * mids).tolist())
+    if signed:
+      levels.extend((-scale * mids).tolist())
+  levels.extend([0.0, 1.0])
+  values = np.array(sorted(levels), dtype=np.float32)
+  size = 2**total_bits
+  if values.size < size:  # The unsigned map leaves codes unused at the top.
+    values = np.concatenate(
+        [values, np.full(size - values.size, values[-1], np.float32)])
+  return tuple(float(v) for v in values[:size])
+
+
+def _codebook(name, table, *, bits, signed) -> Format:
+  table = tuple(float(np.float32(v)) for v in table)
+  return Format(
+      name=name,
+      kind='codebook',
+      bits=bits,
+      storage_dtype='uint8',
+      max_value=max(abs(table[0]), abs(table[-1])),
+      signed=signed,
+      table=table,
+  )
+
+
+def _e2m1_table() -> tuple[float, ...]:
+  pos = _float_grid(2, 1, 6.0)  # 0, .5, 1, 1.5, 2, 3, 4, 6
+  neg = tuple(-v for v in reversed(pos[1:]))
+  # 15 distinct values; the 16th code (negative zero) duplicates zero.
+  return neg + (0.0, 0.0) + pos[1:]
+
+
+def _e2m2u_table() -> tuple[float, ...]:
+  # Unsigned E2M2 (bias 1, subnormals, no inf/NaN) with zero excluded, as
+  # the second-moment grid of the staleness paper (after Li et al.'s
+  # zero-point fix). The paper does not give the exact grid; ours is
+  # {0.25, 0.5, 0.75, 1, 1.25, ..., 7}: 15 values, the 16th code repeats
+  # the largest.
+  values = _float_grid(2, 2, 7.0)[1:]
+  return values + (values[-1],)
+
+
+_BUILTIN = {
+    'fp32': Format('fp32', 'float', 32, 'float32', 8, 23,
+                   float(np.finfo(np.float32).max), scaled=False,
+                   min_normal=float(np.finfo(np.float32).tiny)),
+    'bf16': _ieee_float('bf16', 8, 7, 'bfloat16',
+                        float(jnp.finfo(jnp.bfloat16).max)),
+    'fp16': _ieee_float('fp16', 5, 10, 'float16', 65504.0),
+    'fp8_e4m3': dataclasses.replace(
+        _ieee_float('fp8_e4m3', 4, 3, 'float8_e4m3fn', 448.0), scaled=True),
+    'fp8_e5m2': dataclasses.replace(
+        _ieee_float('fp8_e5m2', 5, 2, 'float8_e5m2', 57344.0), scaled=True),
+    'int8': Format('int8', 'int', 8, 'int8', max_value=127.0),
+    'int4': Format('int4', 'int', 4, 'uint8', max_value=7.0),
+}
+
+
+@functools.cache
+def _fp4_e2m1() -> Format:
+  f = _codebook('fp4_e2m1', _e2m1_table(), bits=4, signed=True)
+  return dataclasses.replace(f, exponent_bits=2, mantissa_bits=1,
+                             min_normal=1.0)
+
+
+@functools.cache
+def _fp4_e2m2u() -> Format:
+  f = _codebook('fp4_e2m2u', _e2m2u_table(), bits=4, signed=False)
+  return dataclasses.replace(f, exponent_bits=2, mantissa_bits=2,
+                             min_normal=1.0)
+
+
+@functools.cache
+def _int8_dynamic(signed: bool) -> Format:
+  name = 'int8_dynamic' if signed else 'int8_dynamic_unsigned'
+  return _codebook(name, dynamic_map(signed=signed), bits=8, signed=signed)
+
+
+@functools.cache
+def _simulated(ebits: int, mbits: int) -> Format:
+  """``e{E}m{M}``: finite, saturating, with subnormals (OCP MX convention)."""
+  bias = 2 ** (ebits - 1) - 1
+  max_value = (2 - 2.0**-mbits) * 2.0 ** (2**ebits - 1 - bias)
+  container = 'bfloat16' if ebits <= 8 and mbits <= 7 else 'float32'
+  return Format(
+      name=f'e{ebits}m{mbits}',
+      kind='float',
+      bits=1 + ebits + mbits,
+      storage_dtype=container,
+      exponent_bits=ebits,
+      mantissa_bits=mbits,
+      max_value=float(max_value),
+      scaled=ebits < 8,
+      min_normal=2.0 ** (1 - bias),
+  )
+
+
+FORMAT_NAMES = (
+    'fp32', 'bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1', 'fp4_e2m2u',
+    'int8', 'int8_dynamic', 'int4', 'e{E}m{M}',
+)
+_SIMULATED = re.compile(r'^e(\d+)m(\d+)$')
+
+
+def get_format(fmt: str | Format) -> Format:
+  """Returns the :class:`Format` for a name, or ``fmt`` itself.
+
+  Args:
+    fmt: A format name (``'fp32'``, ``'bf16'``, ``'fp16'``, ``'fp8_e4m3'``,
+      ``'fp8_e5m2'``, ``'fp4_e2m1'``, ``'fp4_e2m2u'``, ``'int8'``,
+      ``'int8_dynamic'``, ``'int4'``, or a simulated ``'e{E}m{M}'`` with
+      ``1 <= E <= 8`` and ``0 <= M <= 23``) or a :class:`Format`.
+
+  Returns:
+    The format.
+
+  Raises:
+    ValueError: for an unknown name, naming the allowed values.
+
+  Examples:
+    >>> import optax_q
+    >>> optax_q.get_format('fp8_e4m3').max_value
+    448.0
+  """
+  if isinstance(fmt, Format):
+    return fmt
+  if not isinstance(fmt, str):
+    raise ValueError(
+        f'A format must be a string or optax_q.Format, got {fmt!r}. Allowed: '
+        f'{", ".join(FORMAT_NAMES)}. (Under optax.inject_hyperparams, list '
+        'format arguments in static_args.)')
+  key = fmt.strip().lower()
+  aliases = {'float32': 'fp32', 'bfloat16': 'bf16', 'float16': 'fp16',
+             'e4m3': 'fp8_e4m3', 'e5m2': 'fp8_e5m2', 'fp8': 'fp8_e4m3',
+             'fp4': 'fp4_e2m1', 'e2m1': 'fp4_e2m1'}
+  key = aliases.get(key, key)
+  if key in _BUILTIN:
+    return _BUILTIN[key]
+  if key == 'fp4_e2m1':
+    return _fp4_e2m1()
+  if key == 'fp4_e2m2u':
+    return _fp4_e2m2u()
+  if key == 'int8_dynamic':
+    return _int8_dynamic(True)
+  if key == 'int8_dynamic_unsigned':
+    return _int8_dynamic(False)
+  m = _SIMULATED.match(key)
+  if m:
+    ebits, mbits = int(m.group(1)), int(m.group(2))
+    if 1 <= ebits <= 8 and 0 <= mbits <= 23:
+      return _simulated(ebits, mbits)
+  raise ValueError(
+      f'Unknown format {fmt!r}. Allowed: {", ".join(FORMAT_NAMES)} '
+      '(simulated e{E}m{M} with 1 <= E <= 8, 0 <= M <= 23).')
+
+
+def unsigned_variant(fmt: Format) -> Format:
+  """The variant of ``fmt`` used for non-negative states (second moments).
+
+  Only ``int8_dynamic`` has one (the unsigned dynamic map, whose sign bit
+  becomes an extra fraction bit); every other format is returned as is.
+  """
+  if fmt.name == 'int8_dynamic':
+    return _int8_dynamic(False)
+  return fmt
+
+
+def check_rounding(rounding: str, name: str = 'rounding') -> str:
+  if rounding not in ROUNDING_MODES:
+    raise ValueError(
+        f'{name} must be one of {ROUNDING_MODES}, got {rounding!r}.')
+  return rounding
+
+
+def check_scale(scale: str, name: str = 'scale') -> str:
+  if scale not in SCALE_MODES:
+    raise ValueError(f'{name} must be one of {SCALE_MODES}, got {scale!r}.')
+  return scale
+
+
+def check_block_size(block_size, name: str = 'block_size') -> int:
+  if isinstance(block_size, bool) or not isinstance(
+      block_size, (int, np.integer)):
+    raise ValueError(
+        f'{name} must be a positive even Python int, got {block_size!r}. '
+        '(Under optax.inject_hyperparams, list it in static_args.)')
+  if block_size <= 0 or block_size % 2:
+    raise ValueError(
+        f'{name} must be a positive even int, got {block_size}.')
+  return int(block_size)

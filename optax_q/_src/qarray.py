@@ -1,0 +1,338 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``QArray``: a quantized array as a pytree node, and its codecs.
+
+Invariants (the sharding contract): ``codes`` has the logical shape, except
+that 4-bit codes are packed two per byte along the last axis (that axis is
+``ceil(n / 2)`` long); ``scale`` has the same rank as the logical array, with
+the last axis divided into blocks (``'block'``), reduced to one (``'row'``),
+or every axis reduced to one (``'tensor'``). A parameter's ``PartitionSpec``
+therefore applies to codes and scales unchanged, provided the blocked axis
+still divides by the mesh axis after blocking (and packing).
+
+Non-finite inputs: in a scaled format, a block (row, tensor) holding a NaN
+or an infinity gets a NaN scale, so the whole block decodes to NaN; the
+error surfaces instead of hiding in a saturated code. In an unscaled float
+format NaN stays NaN, and an infinity stays infinite where the container has
+infinities (``bf16``, ``fp16``, ``fp8_e5m2``) and becomes NaN where it does
+not (``fp8_e4m3``). Finite inputs never encode to NaN: they saturate to the
+format's largest value, and an all-zero block decodes to exact zeros.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from optax_q._src import formats as formats_lib
+from optax_q._src import packing
+from optax_q._src import rounding as rounding_lib
+
+Format = formats_lib.Format
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class QArray:
+  """A quantized array: ``dequantize(q) ~= x``.
+
+  Attributes:
+    codes: Stored codes, the logical shape (4-bit codes packed two per byte
+      along the last axis).
+    scale: float32 scales of the same rank as the logical array, or None for
+      unscaled formats.
+    fmt: The static :class:`Format`.
+    shape: Static logical shape.
+    dtype: Static logical dtype name (what :func:`dequantize` returns).
+    scale_mode: ``'none'``, ``'tensor'``, ``'row'`` or ``'block'``.
+    block_size: Elements per scale along the last axis (``'block'`` only).
+  """
+
+  codes: jax.Array
+  scale: jax.Array | None
+  fmt: Format = dataclasses.field(metadata=dict(static=True))
+  shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+  dtype: str = dataclasses.field(metadata=dict(static=True))
+  scale_mode: str = dataclasses.field(metadata=dict(static=True))
+  block_size: int = dataclasses.field(
+      default=0, metadata=dict(static=True))
+
+  @property
+  def size(self) -> int:
+    return math.prod(self.shape)
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  @property
+  def nbytes(self) -> int:
+    """Real bytes of the buffers (codes plus scales)."""
+    n = _leaf_nbytes(self.codes)
+    if self.scale is not None:
+      n += _leaf_nbytes(self.scale)
+    return n
+
+
+def _leaf_nbytes(x: Any) -> int:
+  if hasattr(x, 'nbytes') and not isinstance(x, jax.ShapeDtypeStruct):
+    return int(x.nbytes)
+  if hasattr(x, 'shape') and hasattr(x, 'dtype'):
+    return int(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize)
+  return 0
+
+
+def is_qarray(x: Any) -> bool:
+  """Whether ``x`` is a :class:`QArray` (for ``is_leaf=`` arguments)."""
+  return isinstance(x, QArray)
+
+
+def scale_shape(shape, scale_mode: str, block_size: int) -> tuple[int, ...]:
+  """Shape of the scales for a logical ``shape``."""
+  if scale_mode == 'none':
+    return ()
+  if not shape or scale_mode == 'tensor':
+    return (1,) * len(shape)
+  if scale_mode == 'row':
+    return tuple(shape[:-1]) + (1,)
+  return tuple(shape[:-1]) + (-(-shape[-1] // block_size),)
+
+
+def _check_layout(fmt: Format, scale_mode: str) -> None:
+  if scale_mode == 'none' and fmt.kind != 'float':
+    raise ValueError(
+        f"scale='none' is only valid for float formats, not {fmt.name!r}; "
+        f"use one of {formats_lib.SCALE_MODES[1:]}.")
+
+
+def _blocked(x: jax.Array, scale_mode: str, block_size: int) -> jax.Array:
+  """Views ``x`` (rank >= 1) as (..., groups, group_size) for its scales."""
+  if scale_mode == 'tensor':
+    return x.reshape((1,) * (x.ndim - 1) + (1, -1)) if x.size else x.reshape(
+        (1,) * x.ndim + (0,))
+  if scale_mode == 'row':
+    return x[..., None, :]
+  n = x.shape[-1]
+  nb = -(-n // block_size)
+  if nb * block_size != n:
+    pad = [(0, 0)] * (x.ndim - 1) + [(0, nb * block_size - n)]
+    x = jnp.pad(x, pad)
+  return x.reshape(*x.shape[:-1], nb, block_size)
+
+
+def _unblocked(y: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  n = shape[-1]
+  y = y.reshape(*y.shape[:-2], y.shape[-2] * y.shape[-1])
+  if y.shape[-1] != n:
+    y = y[..., :n]
+  return y.reshape(shape)
+
+
+def _encode_values(
+    y: jax.Array, fmt: Format, u: jax.Array | None
+) -> jax.Array:
+  """Encodes scaled float32 values ``y`` into unpacked codes of ``fmt``."""
+  if fmt.kind == 'float':
+    native = fmt.bits == 8 * fmt.dtype.itemsize and fmt.name != 'fp32'
+    if native and u is None:
+      # XLA's cast is round-to-nearest-even with correct subnormals; clip
+      # first, since e4m3fn has no infinity and overflows to NaN.
+      y = jnp.where(jnp.isfinite(y),
+                    jnp.clip(y, -fmt.max_value, fmt.max_value), y)
+      return y.astype(fmt.dtype)
+    if fmt.name == 'fp32':
+      return y
+    y = rounding_lib.round_float_grid(
+        y, exponent_bits=fmt.exponent_bits, mantissa_bits=fmt.mantissa_bits,
+        max_value=fmt.max_value, u=u)
+    return y.astype(fmt.dtype)
+  if fmt.kind == 'int':
+    q = fmt.max_value
+    c = jnp.clip(rounding_lib.round_int(y, u), -q, q)
+    c = jnp.where(jnp.isnan(c), 0, c)
+    if fmt.packed:
+      return (c + (q + 1)).astype(jnp.uint8)
+    return c.astype(fmt.dtype)
+  table = jnp.asarray(fmt.table, jnp.float32)
+  y = jnp.where(jnp.isnan(y), 0, y)
+  return rounding_lib.round_to_table(y, table, u).astype(jnp.uint8)
+
+
+def _decode_values(codes: jax.Array, fmt: Format) -> jax.Array:
+  """Decodes unpacked codes of ``fmt`` to float32 (before scaling)."""
+  if fmt.kind == 'float':
+    return codes.astype(jnp.float32)
+  if fmt.kind == 'int':
+    if fmt.packed:
+      return codes.astype(jnp.float32) - (fmt.max_value + 1)
+    return codes.astype(jnp.float32)
+  table = jnp.asarray(fmt.table, jnp.float32)
+  return table[codes.astype(jnp.int32)]
+
+
+def encode(
+    x: jax.Array,
+    fmt: Format,
+    *,
+    scale_mode: str,
+    block_size: int,
+    key: jax.Array | None,
+    dtype: Any = None,
+) -> QArray:
+  """Encodes ``x`` with a fixed layout; ``key`` set means stochastic."""
+  shape = tuple(x.shape)
+  dtype = jnp.dtype(dtype or x.dtype).name
+  xf = jnp.asarray(x, jnp.float32)
+  if not shape:
+    xf = xf.reshape(1)
+  if scale_mode == 'none':
+    u = None if key is None else rounding_lib.uniform(key, xf.shape)
+    codes = _encode_values(xf, fmt, u)
+    scale = None
+  else:
+    xb = _blocked(xf, scale_mode, block_size)
+    absmax = jnp.max(jnp.abs(xb), axis=-1, initial=0.0)
+    scale = absmax / jnp.float32(fmt.max_value)
+    scale = jnp.where(jnp.isfinite(scale), scale, jnp.nan)
+    safe = jnp.where(scale > 0, scale, 1.0)
+    u = None if key is None else rounding_lib.uniform(key, xb.shape)
+    codes = _encode_values(xb / safe[..., None], fmt, u)
+    codes = _unblocked(codes, xf.shape)
+  if fmt.packed:
+    codes = packing.pack_nibbles(codes)
+  if not shape:
+    codes = codes.reshape(())
+    if scale is not None:
+      scale = scale.reshape(())
+  return QArray(codes, scale, fmt, shape, dtype, scale_mode,
+                block_size if scale_mode == 'block' else 0)
+
+
+def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
+  """Decodes a :class:`QArray` to ``dtype`` (float32 by default)."""
+  shape = q.shape
+  flat_shape = shape or (1,)
+  codes = q.codes.reshape(-1) if not shape else q.codes
+  if q.fmt.packed:
+    codes = packing.unpack_nibbles(codes, flat_shape[-1])
+  y = _decode_values(codes, q.fmt)
+  if q.scale is not None:
+    scale = q.scale.reshape(1) if not shape else q.scale
+    yb = _blocked(y, q.scale_mode, q.block_size)
+    y = _unblocked(yb * scale[..., None], flat_shape)
+  return y.reshape(shape).astype(dtype)
+
+
+def default_scale_mode(fmt: Format) -> str:
+  return 'block' if fmt.scaled else 'none'
+
+
+def quantize(
+    x: jax.Array,
+    fmt: str | Format,
+    *,
+    scale: str | None = None,
+    block_size: int = 128,
+    rounding: str = 'nearest',
+    seed: int = 0,
+    step: int | jax.Array = 0,
+    stream: int = 0,
+) -> QArray:
+  """Quantizes ``x`` into a :class:`QArray`.
+
+  Values are divided by a scale (the absolute maximum of their tensor, row
+  or block of ``block_size`` elements along the last axis, divided by the
+  format's largest value), rounded to the format's grid, and stored as codes.
+  Arithmetic is float32 throughout.
+
+  Args:
+    x: The array to quantize (any float dtype; scalars and empty arrays are
+      fine).
+    fmt: A format name or :class:`Format` (see :func:`get_format`).
+    scale: ``'none'``, ``'tensor'``, ``'row'`` or ``'block'``; the default is
+      ``'block'`` for formats with a narrow range (fp8, fp4, int, dynamic,
+      simulated formats with fewer than 8 exponent bits) and ``'none'`` for
+      ``fp32``, ``bf16`` and ``fp16``.
+    block_size: Elements per scale along the last axis for ``'block'``; a
+      last axis not divisible by it ends in a shorter block.
+    rounding: ``'nearest'`` (round half to even) or ``'stochastic'``
+      (unbiased; the bits are a hash of ``seed``, ``step``, ``stream`` and
+      the element's index, so the result is reproducible).
+    seed: Seed of the stochastic rounding.
+    step: Step counter mixed into the random bits (may be traced).
+    stream: Static integer separating independent streams (e.g. leaves).
+
+  Returns:
+    A :class:`QArray` whose :func:`dequantize` approximates ``x``.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> q = optax_q.quantize(jnp.linspace(-1, 1, 256), 'int8')
+    >>> q.codes.dtype, q.scale.shape
+    (dtype('int8'), (2,))
+
+  References:
+    Dettmers et al, `8-bit Optimizers via Block-wise Quantization
+    <https://arxiv.org/abs/2110.02861>`_, 2022
+
+    Li et al, `Memory Efficient Optimizers with 4-bit States
+    <https://arxiv.org/abs/2309.01507>`_, 2023
+  """
+  fmt = formats_lib.get_format(fmt)
+  scale = formats_lib.check_scale(
+      default_scale_mode(fmt) if scale is None else scale)
+  block_size = formats_lib.check_block_size(block_size)
+  formats_lib.check_rounding(rounding)
+  _check_layout(fmt, scale)
+  x = jnp.asarray(x)
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    x = x.astype(jnp.float32)
+  key = None
+  if rounding == 'stochastic':
+    key = rounding_lib.stream_key(seed, step, stream)
+  return encode(x, fmt, scale_mode=scale, block_size=block_size, key=key)
+
+
+def dequantize(q: QArray, dtype: Any = None) -> jax.Array:
+  """Decodes a :class:`QArray` to its logical dtype (or ``dtype``).
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> x = jnp.array([0.5, -1.0, 2.0])
+    >>> optax_q.dequantize(optax_q.quantize(x, 'bf16'))
+    Array([ 0.5, -1. ,  2. ], dtype=float32)
+  """
+  if not is_qarray(q):
+    raise ValueError(f'dequantize expects a QArray, got {type(q).__name__}.')
+  return decode(q, dtype or q.dtype)
+
+
+def check_qarray(q: QArray) -> None:
+  """Checks the layout invariants of ``q`` (skips non-array children)."""
+  if not isinstance(q.codes, (jax.Array, np.ndarray)):
+    return
+  expected = q.shape
+  if q.fmt.packed and q.shape:
+    expected = packing.packed_shape(q.shape)
+  if tuple(q.codes.shape) != tuple(expected):
+    raise ValueError(f'codes shape {q.codes.shape} != expected {expected}.')
+  if q.scale is not None:
+    s = scale_shape(q.shape, q.scale_mode, q.block_size)
+    if tuple(q.scale.shape) != s:
+      raise ValueError(f'scale shape {q.scale.shape} != expected {s}.')
