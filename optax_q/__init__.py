@@ -1,0 +1,56 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""optax_q: Optax transforms with small, low-precision optimizer state."""
+
+from optax_q._src.alias import adam
+from optax_q._src.alias import adamw
+from optax_q._src.alias import lion
+from optax_q._src.alias import sgd
+from optax_q._src.formats import FORMAT_NAMES
+from optax_q._src.formats import Format
+from optax_q._src.formats import get_format
+from optax_q._src.qarray import dequantize
+from optax_q._src.qarray import is_qarray
+from optax_q._src.qarray import QArray
+from optax_q._src.qarray import quantize
+from optax_q._src.telemetry import stall_fraction
+from optax_q._src.telemetry import state_bits_per_element
+from optax_q._src.telemetry import state_nbytes
+from optax_q._src.theory import cycle_staleness
+from optax_q._src.theory import effective_decay
+from optax_q._src.theory import effective_precision_ratio
+from optax_q._src.theory import effective_sample_size
+from optax_q._src.theory import format_epsilon
+from optax_q._src.theory import reset_period
+from optax_q._src.theory import stall_probability
+from optax_q._src.theory import startup_window
+from optax_q._src.theory import statistical_error
+from optax_q._src.theory import transient_stall_probability
+from optax_q._src.transform import NONNEGATIVE_FIELDS
+from optax_q._src.transform import quantize_state
+from optax_q._src.transform import quantized_leaves
+from optax_q._src.transform import QuantizedState
+
+__version__ = '0.1.0'
+
+__all__ = (
+    'FORMAT_NAMES', 'Format', 'NONNEGATIVE_FIELDS', 'QArray',
+    'QuantizedState', 'adam', 'adamw', 'cycle_staleness', 'dequantize',
+    'effective_decay', 'effective_precision_ratio', 'effective_sample_size',
+    'format_epsilon', 'get_format', 'is_qarray', 'lion', 'quantize',
+    'quantize_state', 'quantized_leaves', 'reset_period', 'sgd',
+    'stall_fraction', 'stall_probability', 'startup_window',
+    'state_bits_per_element', 'state_nbytes', 'statistical_error',
+    'transient_stall_probability',
+)

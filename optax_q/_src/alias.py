@@ -1,0 +1,256 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Drop-in optimizers with low-precision state.
+
+Each is the Optax optimizer of the same name with its moment transform
+wrapped in :func:`quantize_state`. With ``fp32`` formats they are the Optax
+optimizers, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optax
+
+from optax_q._src import formats as formats_lib
+from optax_q._src import transform
+
+ScalarOrSchedule = optax.ScalarOrSchedule
+
+
+def _check_decay(value: Any, name: str) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise ValueError(f'{name} must be a float in [0, 1), got {value!r}.')
+  if not 0.0 <= value < 1.0:
+    raise ValueError(f'{name} must be in [0, 1), got {value!r}.')
+  return float(value)
+
+
+def _check_nonnegative(value: Any, name: str) -> None:
+  if callable(value) or not isinstance(value, (int, float)):
+    return  # schedules and traced hyperparameters are checked by the user
+  if isinstance(value, bool) or not value >= 0:
+    raise ValueError(f'{name} must be >= 0, got {value!r}.')
+
+
+def _moment_formats(field_formats: dict[str, Any]) -> dict[str, Any]:
+  out = {}
+  for argname, (field, fmt) in field_formats.items():
+    fmt = formats_lib.get_format(fmt) if fmt is not None else None
+    if fmt is not None and not fmt.signed and field != 'nu':
+      raise ValueError(
+          f'{argname}={fmt.name!r} is unsigned (no negative values); '
+          f'{argname} needs a signed format such as fp8_e4m3 or int8_dynamic.')
+    out[field] = fmt
+  return out
+
+
+def _wrap(inner, formats, *, rounding, block_size, seed, min_size):
+  return transform.quantize_state(
+      inner, formats, rounding=rounding, block_size=block_size, seed=seed,
+      min_size=min_size)
+
+
+def _with_resets(reset_every, **kwargs):
+  """Adam moments with periodic resets (see ``resets.py``)."""
+  from optax_q._src import resets  # pylint: disable=g-import-not-at-top
+  return resets.adam_with_resets(reset_every=reset_every, **kwargs)
+
+
+def adamw(
+    learning_rate: ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    eps_root: float = 0.0,
+    weight_decay: float = 1e-4,
+    mask: Any = None,
+    *,
+    mu_format: Any = 'int8_dynamic',
+    nu_format: Any = 'int8_dynamic',
+    rounding: str = 'stochastic',
+    block_size: int = 128,
+    seed: int = 0,
+    min_size: int = 4096,
+    reset_every: int | str | None = None,
+    nesterov: bool = False,
+) -> optax.GradientTransformationExtraArgs:
+  """AdamW with its moments stored in low precision.
+
+  ``optax.chain(quantize_state(scale_by_adam(...)), add_decayed_weights,
+  scale_by_learning_rate)``: the same chain as ``optax.adamw``, with the
+  moments decoded to float32 for the update and encoded after it.
+
+  Args:
+    learning_rate: A float or an Optax schedule.
+    b1: First-moment decay, in [0, 1).
+    b2: Second-moment decay, in [0, 1).
+    eps: Added to the denominator, >= 0.
+    eps_root: Added inside the square root, >= 0.
+    weight_decay: Decoupled weight decay, >= 0.
+    mask: As in ``optax.adamw``.
+    mu_format: Format of the first moment (see :func:`get_format`);
+      ``'fp32'`` keeps it in float32.
+    nu_format: Format of the second moment; signed codebooks become their
+      unsigned variant, and unsigned formats such as ``'fp4_e2m2u'`` are
+      allowed here.
+    rounding: ``'nearest'`` or ``'stochastic'``.
+    block_size: Elements per scale along the last axis.
+    seed: Seed of the stochastic rounding.
+    min_size: Leaves with fewer elements keep float32 state.
+    reset_every: ``None`` (no resets), a positive int period, or ``'auto'``
+      (the stall model's ``K*`` for ``nu_format`` and ``b2``).
+    nesterov: Nesterov momentum, as in ``optax.adamw``.
+
+  Returns:
+    An Optax gradient transformation.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.adamw(1e-3, mu_format='fp8_e4m3', nu_format='fp8_e4m3')
+    >>> state = tx.init({'w': jnp.zeros((64, 128))})
+
+  References:
+    Loshchilov & Hutter, `Decoupled Weight Decay Regularization
+    <https://arxiv.org/abs/1711.05101>`_, 2019
+
+    Dettmers et al, `8-bit Optimizers via Block-wise Quantization
+    <https://arxiv.org/abs/2110.02861>`_, 2022
+  """
+  _check_nonnegative(weight_decay, 'weight_decay')
+  return optax.chain(
+      _adam_moments(
+          learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
+          nu_format=nu_format, rounding=rounding, block_size=block_size,
+          seed=seed, min_size=min_size, reset_every=reset_every,
+          nesterov=nesterov),
+      optax.add_decayed_weights(weight_decay, mask),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
+                  nu_format, rounding, block_size, seed, min_size, reset_every,
+                  nesterov):
+  """Checks Adam's arguments; the (quantized, maybe resetting) moments."""
+  b1 = _check_decay(b1, 'b1')
+  b2 = _check_decay(b2, 'b2')
+  _check_nonnegative(learning_rate, 'learning_rate')
+  _check_nonnegative(eps, 'eps')
+  _check_nonnegative(eps_root, 'eps_root')
+  formats = _moment_formats(
+      {'mu_format': ('mu', mu_format), 'nu_format': ('nu', nu_format)})
+  common = dict(rounding=rounding, block_size=block_size, seed=seed,
+                min_size=min_size)
+  if reset_every is None:
+    return _wrap(
+        optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                            nesterov=nesterov), formats, **common)
+  return _with_resets(
+      reset_every, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+      nesterov=nesterov, formats=formats, **common)
+
+
+def adam(
+    learning_rate: ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    eps_root: float = 0.0,
+    *,
+    mu_format: Any = 'int8_dynamic',
+    nu_format: Any = 'int8_dynamic',
+    rounding: str = 'stochastic',
+    block_size: int = 128,
+    seed: int = 0,
+    min_size: int = 4096,
+    reset_every: int | str | None = None,
+    nesterov: bool = False,
+) -> optax.GradientTransformationExtraArgs:
+  """Adam with its moments stored in low precision (see :func:`adamw`).
+
+  References:
+    Kingma & Ba, `Adam: A Method for Stochastic Optimization
+    <https://arxiv.org/abs/1412.6980>`_, 2014
+  """
+  return optax.chain(
+      _adam_moments(
+          learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
+          nu_format=nu_format, rounding=rounding, block_size=block_size,
+          seed=seed, min_size=min_size, reset_every=reset_every,
+          nesterov=nesterov),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def lion(
+    learning_rate: ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.99,
+    weight_decay: float = 1e-3,
+    mask: Any = None,
+    *,
+    mu_format: Any = 'int8_dynamic',
+    rounding: str = 'stochastic',
+    block_size: int = 128,
+    seed: int = 0,
+    min_size: int = 4096,
+) -> optax.GradientTransformationExtraArgs:
+  """Lion with its momentum stored in low precision.
+
+  References:
+    Chen et al, `Symbolic Discovery of Optimization Algorithms
+    <https://arxiv.org/abs/2302.06675>`_, 2023
+  """
+  b1 = _check_decay(b1, 'b1')
+  b2 = _check_decay(b2, 'b2')
+  _check_nonnegative(learning_rate, 'learning_rate')
+  _check_nonnegative(weight_decay, 'weight_decay')
+  formats = _moment_formats({'mu_format': ('mu', mu_format)})
+  return optax.chain(
+      _wrap(optax.scale_by_lion(b1=b1, b2=b2), formats, rounding=rounding,
+            block_size=block_size, seed=seed, min_size=min_size),
+      optax.add_decayed_weights(weight_decay, mask),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
+def sgd(
+    learning_rate: ScalarOrSchedule,
+    momentum: float | None = None,
+    nesterov: bool = False,
+    *,
+    mu_format: Any = 'int8_dynamic',
+    rounding: str = 'stochastic',
+    block_size: int = 128,
+    seed: int = 0,
+    min_size: int = 4096,
+) -> optax.GradientTransformationExtraArgs:
+  """SGD with momentum (the ``trace``) stored in low precision.
+
+  Without ``momentum`` there is no state, and this is ``optax.sgd``.
+
+  References:
+    Sutskever et al, `On the importance of initialization and momentum in
+    deep learning <http://proceedings.mlr.press/v28/sutskever13.html>`_, 2013
+  """
+  _check_nonnegative(learning_rate, 'learning_rate')
+  if momentum is not None:
+    momentum = _check_decay(momentum, 'momentum')
+  formats = _moment_formats({'mu_format': ('trace', mu_format)})
+  moments = (optax.identity() if momentum is None else _wrap(
+      optax.trace(decay=momentum, nesterov=nesterov), formats,
+      rounding=rounding, block_size=block_size, seed=seed, min_size=min_size))
+  return optax.chain(moments, optax.scale_by_learning_rate(learning_rate))

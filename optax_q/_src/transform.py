@@ -1,0 +1,364 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``quantize_state``: any Optax transform with low-precision state.
+
+The wrapper keeps the inner transform's state as :class:`QArray` leaves.
+Every ``update`` decodes the state, runs the inner update in float32,
+returns the updates computed from the float32 moments, and encodes the new
+state for storage (error enters only at write-back). Which leaves are
+quantized, and how, is decided at ``init`` from static information only
+(field names, global shapes), so the jitted step is one compiled function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_q._src import formats as formats_lib
+from optax_q._src import packing
+from optax_q._src import qarray as qarray_lib
+from optax_q._src import rounding as rounding_lib
+
+Format = formats_lib.Format
+QArray = qarray_lib.QArray
+
+FormatSpec = Union[
+    str, Format, Mapping[str, Union[str, Format, None]],
+    Callable[[str, jax.Array], Union[str, Format, None]], None]
+
+# State fields that hold non-negative statistics (second moments): signed
+# codebooks are swapped for their unsigned variant there, and an unsigned
+# format is only accepted there.
+NONNEGATIVE_FIELDS = frozenset({
+    'nu', 'v', 'sum_of_squares', 'grad_sum_of_squares', 'nu_hat',
+    'exp_avg_sq', 'acc', 'e_g', 'e_x', 'v_row', 'v_col',
+})
+
+
+class QuantizedState(NamedTuple):
+  """State of :func:`quantize_state`.
+
+  Attributes:
+    count: Steps taken (int32); mixed into the stochastic-rounding bits.
+    inner_state: The inner transform's state, with quantized leaves held as
+      :class:`QArray`.
+    stalled: Same structure as ``inner_state`` with a float32 scalar per
+      quantized leaf (the fraction of elements whose stored code did not
+      change in the last step; read with ``optax_q.stall_fraction``) and
+      ``None`` elsewhere.
+  """
+
+  count: jax.Array
+  inner_state: optax.OptState
+  stalled: Any
+
+
+def path_str(path) -> str:
+  """A readable ``a/b/c`` name for a pytree key path."""
+  parts = []
+  for k in path:
+    if isinstance(k, jax.tree_util.GetAttrKey):
+      parts.append(k.name)
+    elif isinstance(k, jax.tree_util.DictKey):
+      parts.append(str(k.key))
+    elif isinstance(k, jax.tree_util.SequenceKey):
+      parts.append(str(k.idx))
+    else:
+      parts.append(str(k))
+  return '/'.join(parts)
+
+
+def field_name(path) -> str | None:
+  """The innermost state field (``GetAttrKey``) on ``path``, e.g. ``'mu'``."""
+  name = None
+  for k in path:
+    if isinstance(k, jax.tree_util.GetAttrKey):
+      name = k.name
+  return name
+
+
+def _field_names(state) -> set[str]:
+  names = set()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    if _is_float_array(leaf):
+      name = field_name(path)
+      if name is not None:
+        names.add(name)
+  return names
+
+
+def _is_float_array(x) -> bool:
+  return (hasattr(x, 'shape') and hasattr(x, 'dtype')
+          and jnp.issubdtype(x.dtype, jnp.floating))
+
+
+def _check_formats(formats: FormatSpec) -> FormatSpec:
+  """Resolves format names early (a ValueError names the bad argument)."""
+  if formats is None or callable(formats) and not isinstance(formats, Format):
+    return formats
+  if isinstance(formats, (str, Format)):
+    return formats_lib.get_format(formats)
+  if isinstance(formats, Mapping):
+    out = {}
+    for key, fmt in formats.items():
+      if not isinstance(key, str):
+        raise ValueError(
+            f'formats keys must be state field names (str), got {key!r}.')
+      fmt = None if fmt is None else formats_lib.get_format(fmt)
+      if fmt is not None and not fmt.signed and key not in NONNEGATIVE_FIELDS:
+        raise ValueError(
+            f'formats[{key!r}]={fmt.name!r} is unsigned, but {key!r} is a '
+            'signed state field; unsigned formats are allowed for '
+            f'{sorted(NONNEGATIVE_FIELDS)}.')
+      out[key] = fmt
+    return out
+  raise ValueError(
+      'formats must be a format name, a Format, a dict {field: format} or a '
+      f'callable (path, leaf) -> format, got {type(formats).__name__}.')
+
+
+def _probe_fields(inner: optax.GradientTransformation) -> set[str] | None:
+  """Field names of ``inner``'s state on a probe tree, or None if unknown."""
+  probe = {'w': jax.ShapeDtypeStruct((8, 8), jnp.float32)}
+  try:
+    state = jax.eval_shape(inner.init, probe)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return _field_names(state)
+
+
+def _leaf_format(formats, path, leaf) -> Format | None:
+  """The format of one state leaf, or None to keep it as it is."""
+  name = field_name(path)
+  if formats is None:
+    return None
+  if isinstance(formats, Format):
+    fmt = formats
+  elif isinstance(formats, Mapping):
+    fmt = formats.get(name)
+  else:
+    fmt = formats(path_str(path), leaf)
+    fmt = None if fmt is None else formats_lib.get_format(fmt)
+  if fmt is None:
+    return None
+  if name in NONNEGATIVE_FIELDS:
+    fmt = formats_lib.unsigned_variant(fmt)
+  elif not fmt.signed:
+    raise ValueError(
+        f'format {fmt.name!r} is unsigned but state leaf '
+        f'{path_str(path)!r} may be negative; use a signed format there.')
+  return fmt
+
+
+def _passthrough(q: QArray, rounding: str) -> bool:
+  """Whether the inner update sees the stored array itself.
+
+  Unscaled formats whose codes are a native float dtype (``bf16``,
+  ``fp16``) are handed to the inner transform as they are stored when
+  rounding to nearest: the arithmetic then promotes exactly as Optax's own
+  ``mu_dtype`` does, so ``mu_format='bf16'`` matches
+  ``optax.adamw(mu_dtype=jnp.bfloat16)`` bit for bit. Everything else is
+  decoded to float32.
+  """
+  return (rounding == 'nearest' and q.scale is None
+          and q.fmt.kind == 'float' and q.fmt.bits >= 16)
+
+
+def _stall(old: QArray, new: QArray) -> jax.Array:
+  """Fraction of elements whose stored code did not change."""
+  if old.size == 0:
+    return jnp.zeros((), jnp.float32)
+  a, b = old.codes, new.codes
+  if old.fmt.packed and old.shape:
+    a = packing.unpack_nibbles(a, old.shape[-1])
+    b = packing.unpack_nibbles(b, old.shape[-1])
+  if jnp.issubdtype(a.dtype, jnp.floating):
+    # Compare bit patterns, so that -0/+0 differ and NaN equals itself.
+    a = jax.lax.bitcast_convert_type(a, _uint_of(a.dtype))
+    b = jax.lax.bitcast_convert_type(b, _uint_of(b.dtype))
+  return jnp.mean((a == b).astype(jnp.float32))
+
+
+def _uint_of(dtype):
+  return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[jnp.dtype(dtype).itemsize]
+
+
+def quantize_state(
+    inner: optax.GradientTransformation,
+    formats: FormatSpec = 'int8_dynamic',
+    *,
+    rounding: str = 'stochastic',
+    seed: int = 0,
+    min_size: int = 4096,
+    block_size: int = 128,
+    scale: str | None = None,
+    track_stalls: bool = True,
+) -> optax.GradientTransformationExtraArgs:
+  """Keeps the state of ``inner`` in low-precision formats.
+
+  ``update`` decodes the stored state to float32, runs ``inner.update``,
+  returns the updates it computed from the float32 state, and encodes the
+  new state for storage with the chosen rounding. Which leaves are
+  quantized is decided once, at ``init``: float leaves of the inner state
+  that have at least ``min_size`` elements (counted on the global shape, so
+  sharding does not change the decision) and a format other than ``fp32``.
+  Everything else (counters, small leaves, biases and norms of small models)
+  is kept as the inner transform made it.
+
+  Second-moment fields (``nu``, ``sum_of_squares``, ... see
+  ``NONNEGATIVE_FIELDS``) use the unsigned variant of a codebook format
+  (``int8_dynamic`` becomes the unsigned dynamic map, as in bitsandbytes);
+  an unsigned format such as ``fp4_e2m2u`` is rejected on a signed field.
+
+  Args:
+    inner: Any Optax gradient transformation.
+    formats: One format for every quantizable leaf (a name or
+      :class:`Format`), a dict ``{field: format}`` keyed by the state field
+      (``'mu'``, ``'nu'``, ``'trace'``, ...; unlisted fields stay as they
+      are), or a callable ``(path, leaf) -> format or None`` where ``path``
+      is the leaf's ``'a/b/c'`` name in the inner state.
+    rounding: ``'nearest'`` (round half to even) or ``'stochastic'``
+      (unbiased, from a counter-based hash of seed, step, leaf and element).
+    seed: Seed of the stochastic rounding.
+    min_size: Leaves with fewer elements stay unquantized (bitsandbytes uses
+      4096).
+    block_size: Elements per scale along the last axis for block scaling.
+    scale: ``'block'``, ``'row'``, ``'tensor'`` or ``'none'``; the default is
+      ``'block'`` for formats with a narrow range and ``'none'`` for ``bf16``
+      and ``fp16``.
+    track_stalls: Keep the per-leaf stalled fraction of the last step in the
+      state (one float32 scalar per quantized leaf).
+
+  Returns:
+    A gradient transformation whose state is a :class:`QuantizedState`.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, optax_q
+    >>> tx = optax_q.quantize_state(optax.scale_by_adam(),
+    ...                             formats={'mu': 'int8', 'nu': 'int8_dynamic'},
+    ...                             min_size=0)
+    >>> state = tx.init({'w': jnp.zeros((4, 256))})
+    >>> optax_q.state_nbytes(state) < 2 * 4 * 4 * 256
+    True
+
+  References:
+    Dettmers et al, `8-bit Optimizers via Block-wise Quantization
+    <https://arxiv.org/abs/2110.02861>`_, 2022
+
+    Li et al, `Memory Efficient Optimizers with 4-bit States
+    <https://arxiv.org/abs/2309.01507>`_, 2023
+  """
+  formats = _check_formats(formats)
+  rounding = formats_lib.check_rounding(rounding)
+  block_size = formats_lib.check_block_size(block_size)
+  if scale is not None:
+    scale = formats_lib.check_scale(scale)
+  if not isinstance(seed, int) or isinstance(seed, bool):
+    raise ValueError(f'seed must be an int, got {seed!r}.')
+  if (not isinstance(min_size, int) or isinstance(min_size, bool)
+      or min_size < 0):
+    raise ValueError(f'min_size must be a non-negative int, got {min_size!r}.')
+  if isinstance(formats, Mapping):
+    known = _probe_fields(inner)
+    if known is not None:
+      unknown = sorted(set(formats) - known)
+      if unknown:
+        raise ValueError(
+            f'formats names unknown state field(s) {unknown}; the state of '
+            f'this transform has float fields {sorted(known)}.')
+
+  def encode_new(x, fmt, scale_mode, key):
+    return qarray_lib.encode(
+        x, fmt, scale_mode=scale_mode, block_size=block_size, key=key)
+
+  def init_fn(params):
+    state = inner.init(params)
+
+    def quantize_leaf(path, leaf):
+      if not _is_float_array(leaf) or leaf.size < max(min_size, 1):
+        return leaf
+      fmt = _leaf_format(formats, path, leaf)
+      if fmt is None or fmt.is_identity:
+        return leaf
+      scale_mode = scale or qarray_lib.default_scale_mode(fmt)
+      qarray_lib._check_layout(fmt, scale_mode)  # pylint: disable=protected-access
+      return encode_new(leaf, fmt, scale_mode, None)
+
+    qstate = jax.tree_util.tree_map_with_path(quantize_leaf, state)
+    stalled = _stall_tree(qstate, None) if track_stalls else None
+    return QuantizedState(
+        count=jnp.zeros([], jnp.int32), inner_state=qstate, stalled=stalled)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    old = state.inner_state
+    decoded = jax.tree.map(
+        lambda x: _decode_for_inner(x, rounding), old, is_leaf=qarray_lib.is_qarray)
+    new_updates, new_inner = optax.with_extra_args_support(inner).update(
+        updates, decoded, params, **extra_args)
+
+    flat_old, treedef = jax.tree.flatten(old, is_leaf=qarray_lib.is_qarray)
+    flat_new = treedef.flatten_up_to(new_inner)
+    out = []
+    for index, (o, n) in enumerate(zip(flat_old, flat_new)):
+      if qarray_lib.is_qarray(o):
+        key = None
+        if rounding == 'stochastic':
+          key = rounding_lib.stream_key(seed, state.count, index)
+        q = qarray_lib.encode(
+            jnp.asarray(n, jnp.float32), o.fmt, scale_mode=o.scale_mode,
+            block_size=o.block_size or block_size, key=key, dtype=o.dtype)
+        out.append(q)
+      else:
+        out.append(n)
+    new_qstate = treedef.unflatten(out)
+    stalled = _stall_tree(new_qstate, old) if track_stalls else None
+    new_updates = jax.tree.map(
+        lambda u, g: u if g is None or u is None else u.astype(g.dtype),
+        new_updates, updates, is_leaf=lambda x: x is None)
+    return new_updates, QuantizedState(
+        count=optax.safe_increment(state.count), inner_state=new_qstate,
+        stalled=stalled)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _decode_for_inner(x, rounding):
+  if not qarray_lib.is_qarray(x):
+    return x
+  if _passthrough(x, rounding):
+    return x.codes.reshape(x.shape)
+  return qarray_lib.decode(x, jnp.float32)
+
+
+def _stall_tree(new, old):
+  """Per-quantized-leaf stalled fractions (zeros at init), None elsewhere."""
+  if old is None:
+    return jax.tree.map(
+        lambda x: jnp.zeros([], jnp.float32) if qarray_lib.is_qarray(x)
+        else None, new, is_leaf=qarray_lib.is_qarray)
+  return jax.tree.map(
+      lambda n, o: _stall(o, n) if qarray_lib.is_qarray(n) else None,
+      new, old, is_leaf=qarray_lib.is_qarray)
+
+
+def quantized_leaves(state) -> dict[str, QArray]:
+  """All :class:`QArray` leaves of any state, by ``'a/b/c'`` path."""
+  flat = jax.tree_util.tree_flatten_with_path(
+      state, is_leaf=qarray_lib.is_qarray)[0]
+  return {path_str(p): x for p, x in flat if qarray_lib.is_qarray(x)}
