@@ -233,7 +233,10 @@ def _int8_dynamic(signed: bool) -> Format:
 def _simulated(ebits: int, mbits: int) -> Format:
   """``e{E}m{M}``: finite, saturating, with subnormals (OCP MX convention)."""
   bias = 2 ** (ebits - 1) - 1
-  max_value = (2 - 2.0**-mbits) * 2.0 ** (2**ebits - 1 - bias)
+  # Every exponent field is finite, except with 8 exponent bits, where the
+  # top one stays reserved so that the grid fits its float32/bf16 container.
+  top = 2**ebits - 1 - (1 if ebits == 8 else 0)
+  max_value = (2 - 2.0**-mbits) * 2.0 ** (top - bias)
   container = 'bfloat16' if ebits <= 8 and mbits <= 7 else 'float32'
   return Format(
       name=f'e{ebits}m{mbits}',

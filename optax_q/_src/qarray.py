@@ -137,11 +137,25 @@ def _blocked(x: jax.Array, scale_mode: str, block_size: int) -> jax.Array:
 
 
 def _unblocked(y: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  if math.prod(y.shape) == math.prod(shape):  # No padding: a plain view.
+    return y.reshape(shape)
   n = shape[-1]
   y = y.reshape(*y.shape[:-2], y.shape[-2] * y.shape[-1])
   if y.shape[-1] != n:
     y = y[..., :n]
   return y.reshape(shape)
+
+
+def scale_target(fmt: Format) -> float:
+  """The value a block's absolute maximum is mapped to before rounding.
+
+  The format's largest value for narrow grids; 1 for grids with float32's
+  exponent range (``bf16``, ``e8m*``), where dividing by a huge maximum would
+  push the scale into float32's subnormals and lose its precision.
+  """
+  if fmt.exponent_bits is not None and fmt.exponent_bits >= 8:
+    return 1.0
+  return fmt.max_value
 
 
 def _encode_values(
@@ -208,7 +222,7 @@ def encode(
   else:
     xb = _blocked(xf, scale_mode, block_size)
     absmax = jnp.max(jnp.abs(xb), axis=-1, initial=0.0)
-    scale = absmax / jnp.float32(fmt.max_value)
+    scale = absmax / jnp.float32(scale_target(fmt))
     scale = jnp.where(jnp.isfinite(scale), scale, jnp.nan)
     safe = jnp.where(scale > 0, scale, 1.0)
     u = None if key is None else rounding_lib.uniform(key, xb.shape)
