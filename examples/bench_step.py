@@ -1,0 +1,458 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Optimizer-step speed and memory: optax_q against Optax and its peers.
+
+One parameter tree shaped like a transformer (per layer the four matrices
+d x 3d, d x d, d x 4d, 4d x d, their biases and two norms), one jitted
+function per optimizer (``update`` then ``optax.apply_updates``, params and
+state donated), measured round-robin over several rounds so that machine
+noise hits every row alike. Each row reports the median step time, its
+ratio to ``optax.adamw`` in float32 measured in the same run, the state's
+real bytes, bits per moment element, and the memory traffic the step must
+do (read params, grads and state; write params and state) against a plain
+copy measured in the same run.
+
+PyTorch, torchao and bitsandbytes rows are optional: each is skipped with a
+note when its package does not import or its optimizer fails on this
+machine.
+
+Usage::
+
+  python examples/bench_step.py                      # CPU: d=512, 8 layers
+  python examples/bench_step.py --d 1024 --layers 24 # GPU size
+  python examples/bench_step.py --quick              # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import optax_q
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASELINE = 'optax.adamw fp32'
+LR = 1e-3
+WEIGHT_DECAY = 1e-4
+
+
+def param_shapes(d: int, layers: int) -> dict[str, tuple[int, ...]]:
+  """Shapes of a transformer's parameters (no embeddings), by name."""
+  shapes = {}
+  for i in range(layers):
+    p = f'layer{i:02d}/'
+    shapes[p + 'attn_qkv/w'] = (d, 3 * d)
+    shapes[p + 'attn_qkv/b'] = (3 * d,)
+    shapes[p + 'attn_out/w'] = (d, d)
+    shapes[p + 'attn_out/b'] = (d,)
+    shapes[p + 'mlp_in/w'] = (d, 4 * d)
+    shapes[p + 'mlp_in/b'] = (4 * d,)
+    shapes[p + 'mlp_out/w'] = (4 * d, d)
+    shapes[p + 'mlp_out/b'] = (d,)
+    for norm in ('ln1', 'ln2'):
+      shapes[p + norm + '/scale'] = (d,)
+      shapes[p + norm + '/bias'] = (d,)
+  return shapes
+
+
+def host_arrays(shapes, seed: int) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(seed)
+  return {k: (rng.standard_normal(s, dtype=np.float32) * 0.02)
+          for k, s in shapes.items()}
+
+
+class Row:
+  """One optimizer under test: a ``step()`` callable and its accounting."""
+
+  def __init__(self, name: str, step: Callable[[], None], state_bytes: int,
+               moment_elements: int, param_elements: int,
+               bits_per_element: float | None = None):
+    self.name = name
+    self.step = step
+    self.state_bytes = int(state_bytes)
+    self.bits = (bits_per_element if bits_per_element is not None
+                 else 8.0 * state_bytes / max(moment_elements, 1))
+    # Read params, grads and state; write params and state.
+    self.traffic = 3 * 4 * param_elements + 2 * self.state_bytes
+    self.times: list[float] = []
+
+
+# --------------------------------------------------------------------------
+# JAX rows.
+
+
+def jax_row(name, tx, params_np, grads, param_elements) -> Row:
+  """A donated, jitted ``update`` + ``apply_updates`` step for ``tx``."""
+  params = jax.tree.map(jnp.asarray, params_np)
+  state = jax.jit(tx.init)(params)
+
+  def step_fn(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  step = jax.jit(step_fn, donate_argnums=(0, 1))
+  holder = {'params': params, 'state': state}
+  state_bytes = optax_q.state_nbytes(state)
+  bits = optax_q.state_bits_per_element(state)
+
+  def run():
+    p, s = step(holder['params'], holder['state'], grads)
+    jax.block_until_ready((p, s))
+    holder['params'], holder['state'] = p, s
+
+  return Row(name, run, state_bytes, 2 * param_elements, param_elements,
+             bits_per_element=bits)
+
+
+def copy_row(n_bytes: int) -> Row:
+  """An in-place negation of ``n_bytes`` of float32 (read + write once)."""
+  x = jnp.ones((max(n_bytes // 4, 1),), jnp.float32)
+  neg = jax.jit(lambda v: -v, donate_argnums=0)
+  holder = {'x': x}
+
+  def run():
+    holder['x'] = neg(holder['x'])
+    holder['x'].block_until_ready()
+
+  row = Row('copy (read + write, float32)', run, 0, 1, 0)
+  row.traffic = 2 * x.size * 4
+  return row
+
+
+def jax_configs() -> list[tuple[str, Callable[[], Any]]]:
+  q = optax_q.adamw
+  kw = dict(learning_rate=LR, weight_decay=WEIGHT_DECAY)
+  configs = [
+      (BASELINE, lambda: optax.adamw(**kw)),
+      ('optax.adamw mu_dtype=bf16',
+       lambda: optax.adamw(mu_dtype=jnp.bfloat16, **kw)),
+      ('optax_q fp32/fp32', lambda: q(mu_format='fp32', nu_format='fp32',
+                                      rounding='nearest', **kw)),
+  ]
+  formats = [
+      ('bf16', 'bf16', 'bf16'),
+      ('fp8_e4m3', 'fp8_e4m3', 'fp8_e4m3'),
+      ('int8_dynamic', 'int8_dynamic', 'int8_dynamic'),
+      ('fp4_e2m1/fp4_e2m2u', 'fp4_e2m1', 'fp4_e2m2u'),
+      ('int4', 'int4', 'int4'),
+  ]
+  for label, mu, nu in formats:
+    for rounding in ('nearest', 'stochastic'):
+      configs.append((
+          f'optax_q {label} {rounding}',
+          lambda mu=mu, nu=nu, rounding=rounding: q(
+              mu_format=mu, nu_format=nu, rounding=rounding, **kw)))
+  return configs
+
+
+# --------------------------------------------------------------------------
+# PyTorch rows (optional).
+
+
+def _torch_state_bytes(opt) -> int:
+  """Bytes of every distinct tensor buffer in a torch optimizer's state."""
+  import torch  # pylint: disable=g-import-not-at-top
+  seen, total = set(), 0
+
+  def add(t):
+    nonlocal total
+    if hasattr(t, '__tensor_flatten__') and type(t) is not torch.Tensor:
+      names, _ = t.__tensor_flatten__()
+      for n in names:
+        add(getattr(t, n))
+      return
+    key = (t.untyped_storage().data_ptr(), t.numel(), t.dtype)
+    if key not in seen:
+      seen.add(key)
+      total += t.numel() * t.element_size()
+
+  for s in opt.state.values():
+    for v in s.values():
+      if isinstance(v, torch.Tensor):
+        add(v)
+  return total
+
+
+def torch_rows(shapes, params_np, grads_np, param_elements, which):
+  """Rows for the PyTorch peers; returns (rows, notes)."""
+  rows, notes = [], {}
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except Exception as e:  # pylint: disable=broad-except
+    for name in which:
+      notes[name] = f'not run: torch does not import ({e!r})'
+    return rows, notes
+
+  def make_params():
+    ps = []
+    for k in shapes:
+      p = torch.nn.Parameter(torch.from_numpy(params_np[k].copy()))
+      p.grad = torch.from_numpy(grads_np[k].copy())
+      ps.append(p)
+    return ps
+
+  def fused_adamw(ps):
+    try:
+      return torch.optim.AdamW(ps, lr=LR, weight_decay=WEIGHT_DECAY,
+                               fused=True), 'fused'
+    except Exception:  # pylint: disable=broad-except
+      return torch.optim.AdamW(ps, lr=LR, weight_decay=WEIGHT_DECAY,
+                               foreach=True), 'foreach'
+
+  def torchao(cls_name):
+    def make(ps):
+      import torchao.optim  # pylint: disable=g-import-not-at-top
+      cls = getattr(torchao.optim, cls_name)
+      return cls(ps, lr=LR, weight_decay=WEIGHT_DECAY), None
+    return make
+
+  def bnb_adam8bit(ps):
+    import bitsandbytes  # pylint: disable=g-import-not-at-top
+    return bitsandbytes.optim.Adam8bit(ps, lr=LR), None
+
+  makers = {
+      'torch.optim.AdamW fused': fused_adamw,
+      'torchao AdamW8bit': torchao('AdamW8bit'),
+      'torchao AdamW4bit': torchao('AdamW4bit'),
+      'torchao AdamWFp8': torchao('AdamWFp8'),
+      'bitsandbytes Adam8bit': bnb_adam8bit,
+  }
+  for name in which:
+    try:
+      ps = make_params()
+      opt, variant = makers[name](ps)
+      label = name
+      if variant == 'foreach':
+        label = 'torch.optim.AdamW foreach'
+        notes[name] = 'fused=True unavailable on this machine; used foreach'
+      t0 = time.perf_counter()
+      opt.step()  # Creates the state (and compiles torchao's kernels).
+      opt.step()
+      warm = time.perf_counter() - t0
+
+      def run(opt=opt):
+        with torch.no_grad():
+          opt.step()
+
+      row = Row(label, run, _torch_state_bytes(opt), 2 * param_elements,
+                param_elements)
+      row.warmup_s = warm
+      rows.append(row)
+    except Exception as e:  # pylint: disable=broad-except
+      msg = f'{type(e).__name__}: {e}'.splitlines()[0][:300]
+      notes[name] = f'not run: {msg}'
+  return rows, notes
+
+
+# --------------------------------------------------------------------------
+# Measurement and reporting.
+
+
+def measure(rows: list[Row], rounds: int, steps: int) -> None:
+  """Round-robin: every round runs ``steps // rounds`` steps of each row."""
+  per_round = max(1, -(-steps // rounds))
+  for _ in range(rounds):
+    for row in rows:
+      for _ in range(per_round):
+        t0 = time.perf_counter()
+        row.step()
+        row.times.append(time.perf_counter() - t0)
+
+
+def machine_line() -> str:
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          cpu = line.split(':', 1)[1].strip()
+          break
+  except OSError:
+    pass
+  dev = jax.devices()[0]
+  kind = getattr(dev, 'device_kind', dev.platform)
+  return (f'{cpu}, {os.cpu_count()} cores; jax {jax.__version__} on '
+          f'{dev.platform} ({kind})')
+
+
+def git_revision() -> str:
+  try:
+    rev = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=_ROOT,
+                         capture_output=True, text=True,
+                         check=True).stdout.strip()
+    dirty = subprocess.run(['git', 'status', '--porcelain', '--', 'optax_q',
+                            'examples/bench_step.py'], cwd=_ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return rev + ('-dirty' if dirty else '')
+  except Exception:  # pylint: disable=broad-except
+    return 'unknown'
+
+
+def render_table(result: dict[str, Any]) -> str:
+  lines = [
+      '| optimizer | median ms | ratio to optax.adamw fp32 | state MiB | '
+      'bits/elem | GB/s | frac of copy |',
+      '|---|---:|---:|---:|---:|---:|---:|',
+  ]
+  for r in result['rows']:
+    lines.append(
+        f"| {r['config']} | {r['step_ms_median']:.2f} | "
+        f"{r['ratio_to_optax_adamw']:.2f}x | "
+        f"{r['state_bytes'] / 2**20:.1f} | "
+        f"{r['state_bits_per_element']:.2f} | {r['gbps']:.1f} | "
+        f"{r['frac_of_copy']:.2f} |")
+  out = '\n'.join(lines) + '\n'
+  if result.get('notes'):
+    out += '\n' + '\n'.join(
+        f'- {k}: {v}' for k, v in result['notes'].items()) + '\n'
+  return out
+
+
+def main(argv=None) -> dict[str, Any]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--d', type=int, default=512, help='model width')
+  parser.add_argument('--layers', type=int, default=8)
+  parser.add_argument('--steps', type=int, default=20,
+                      help='measured steps per optimizer (>= 20 for docs)')
+  parser.add_argument('--rounds', type=int, default=5,
+                      help='round-robin rounds the steps are split into')
+  parser.add_argument('--warmup', type=int, default=2)
+  parser.add_argument('--quick', action='store_true',
+                      help='smoke test: tiny model, no torchao/bitsandbytes')
+  parser.add_argument('--no-peers', action='store_true',
+                      help='skip PyTorch, torchao and bitsandbytes')
+  parser.add_argument('--only', default='',
+                      help='comma-separated substrings; keep matching rows')
+  parser.add_argument('--out', default=os.path.join(_ROOT, 'docs', 'results'),
+                      help='directory for bench_step.json and .md')
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.d, args.layers, args.rounds = 64, 2, 2
+  mode = 'quick' if args.quick else 'full'
+
+  shapes = param_shapes(args.d, args.layers)
+  n = sum(math.prod(s) for s in shapes.values())
+  print(f'{len(shapes)} leaves, {n / 1e6:.2f}M params, {mode} mode; '
+        f'{jax.devices()[0]}', flush=True)
+  params_np = host_arrays(shapes, 0)
+  grads_np = host_arrays(shapes, 1)
+  grads = jax.tree.map(jnp.asarray, grads_np)
+
+  keep = [s for s in args.only.split(',') if s]
+  wanted = lambda name: not keep or any(s in name for s in keep)
+
+  rows = []
+  for name, make in jax_configs():
+    if name != BASELINE and not wanted(name):
+      continue
+    t0 = time.perf_counter()
+    rows.append(jax_row(name, make(), params_np, grads, n))
+    print(f'  compiled {name} ({time.perf_counter() - t0:.1f}s)', flush=True)
+
+  notes = {}
+  peers = ['torch.optim.AdamW fused', 'torchao AdamW8bit',
+           'torchao AdamW4bit', 'torchao AdamWFp8', 'bitsandbytes Adam8bit']
+  peers = [p for p in peers if wanted(p)]
+  if args.no_peers:
+    notes.update({p: 'skipped (--no-peers)' for p in peers})
+  else:
+    if args.quick:
+      notes.update({p: 'skipped in --quick mode' for p in peers[1:]})
+      peers = peers[:1]
+    prows, pnotes = torch_rows(shapes, params_np, grads_np, n, peers)
+    rows += prows
+    notes.update(pnotes)
+    for r in prows:
+      print(f'  ready {r.name} (first two steps {r.warmup_s:.1f}s)',
+            flush=True)
+
+  copy = copy_row(rows[0].traffic // 2)
+  rows.append(copy)
+  for row in rows:
+    for _ in range(args.warmup):
+      row.step()
+  measure(rows, args.rounds, args.steps)
+
+  copy_ms = 1e3 * statistics.median(copy.times)
+  copy_gbps = copy.traffic / copy_ms / 1e6
+  base_ms = 1e3 * statistics.median(rows[0].times)
+  out_rows = []
+  for row in rows[:-1]:
+    ms = 1e3 * statistics.median(row.times)
+    gbps = row.traffic / ms / 1e6
+    out_rows.append(dict(
+        config=row.name,
+        step_ms_median=round(ms, 4),
+        ratio_to_optax_adamw=round(ms / base_ms, 4),
+        state_bytes=row.state_bytes,
+        state_bits_per_element=round(row.bits, 4),
+        gbps=round(gbps, 3),
+        frac_of_copy=round(gbps / copy_gbps, 4),
+        traffic_bytes=row.traffic,
+        lower_bound_ms=round(row.traffic / copy_gbps / 1e6, 4),
+        steps=len(row.times),
+    ))
+    print(f'  {row.name:42s} {ms:9.2f} ms  {ms / base_ms:6.2f}x  '
+          f'{gbps:6.1f} GB/s', flush=True)
+  print(f'  {copy.name:42s} {copy_ms:9.2f} ms  {copy_gbps:6.1f} GB/s')
+
+  result = dict(
+      command='python examples/bench_step.py ' + ' '.join(
+          sys.argv[1:] if argv is None else argv),
+      git_revision=git_revision(),
+      date=datetime.datetime.now(datetime.timezone.utc).strftime(
+          '%Y-%m-%dT%H:%M:%SZ'),
+      machine=machine_line(),
+      mode=mode,
+      d=args.d, layers=args.layers, params=n,
+      rounds=args.rounds, steps_per_optimizer=args.steps,
+      copy_gbps=round(copy_gbps, 3),
+      copy_bytes=copy.traffic,
+      rows=out_rows,
+      notes=notes,
+  )
+  os.makedirs(args.out, exist_ok=True)
+  # A smoke test never overwrites the documented full-mode results.
+  stem = 'bench_step_quick' if args.quick else 'bench_step'
+  with open(os.path.join(args.out, stem + '.json'), 'w') as f:
+    json.dump(result, f, indent=2)
+    f.write('\n')
+  header = (
+      f"Command: `{result['command']}`  \n"
+      f"Revision {result['git_revision']}, {result['date']}, {mode} mode, "
+      f"d={args.d}, {args.layers} layers, {n / 1e6:.1f}M params.  \n"
+      f"Machine: {result['machine']}.  \n"
+      f'Copy bandwidth (read + write) measured in the same run: '
+      f'{copy_gbps:.1f} GB/s.\n\n')
+  with open(os.path.join(args.out, stem + '.md'), 'w') as f:
+    f.write(header + render_table(result))
+  return result
+
+
+if __name__ == '__main__':
+  main()
