@@ -224,6 +224,15 @@ def _fp4_e2m2u() -> Format:
 
 
 @functools.cache
+def _int4_unsigned() -> Format:
+  # Linear without zero, {1/16, 2/16, ..., 1}: Li et al.'s fix of the
+  # zero-point problem, where second moments rounded to zero make
+  # ``m / (sqrt(v) + eps)`` explode.
+  return _codebook('int4_unsigned', [(i + 1) / 16 for i in range(16)],
+                   bits=4, signed=False)
+
+
+@functools.cache
 def _int8_dynamic(signed: bool) -> Format:
   name = 'int8_dynamic' if signed else 'int8_dynamic_unsigned'
   return _codebook(name, dynamic_map(signed=signed), bits=8, signed=signed)
@@ -300,6 +309,8 @@ def get_format(fmt: str | Format) -> Format:
     return _int8_dynamic(True)
   if key == 'int8_dynamic_unsigned':
     return _int8_dynamic(False)
+  if key == 'int4_unsigned':
+    return _int4_unsigned()
   m = _SIMULATED.match(key)
   if m:
     ebits, mbits = int(m.group(1)), int(m.group(2))
@@ -313,11 +324,22 @@ def get_format(fmt: str | Format) -> Format:
 def unsigned_variant(fmt: Format) -> Format:
   """The variant of ``fmt`` used for non-negative states (second moments).
 
-  Only ``int8_dynamic`` has one (the unsigned dynamic map, whose sign bit
-  becomes an extra fraction bit); every other format is returned as is.
+  ``int8_dynamic`` becomes the unsigned dynamic map (its sign bit becomes an
+  extra fraction bit, as in bitsandbytes); ``int4`` becomes the linear grid
+  without zero and ``fp4_e2m1`` the unsigned E2M2 grid without zero
+  (``fp4_e2m2u``), since a second moment decoded as zero makes the Adam
+  update explode (Li et al., 2023). Every other format is returned as is.
+
+  References:
+    Li et al, `Memory Efficient Optimizers with 4-bit States
+    <https://arxiv.org/abs/2309.01507>`_, 2023
   """
   if fmt.name == 'int8_dynamic':
     return _int8_dynamic(False)
+  if fmt.name == 'int4':
+    return _int4_unsigned()
+  if fmt.name == 'fp4_e2m1':
+    return _fp4_e2m2u()
   return fmt
 
 
