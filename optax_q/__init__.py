@@ -24,6 +24,11 @@ from optax_q._src.qarray import dequantize
 from optax_q._src.qarray import is_qarray
 from optax_q._src.qarray import QArray
 from optax_q._src.qarray import quantize
+from optax_q._src.resets import reset_state
+from optax_q._src.resets import reset_where
+from optax_q._src.resets import ResetState
+from optax_q._src.resets import scale_by_adam_local_age
+from optax_q._src.resets import ScaleByAdamLocalAgeState
 from optax_q._src.telemetry import stall_fraction
 from optax_q._src.telemetry import state_bits_per_element
 from optax_q._src.telemetry import state_nbytes
@@ -53,4 +58,6 @@ __all__ = (
     'stall_fraction', 'stall_probability', 'startup_window',
     'state_bits_per_element', 'state_nbytes', 'statistical_error',
     'transient_stall_probability',
+    'reset_state', 'reset_where', 'ResetState', 'scale_by_adam_local_age',
+    'ScaleByAdamLocalAgeState',
 )
