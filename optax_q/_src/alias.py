@@ -64,7 +64,7 @@ def _wrap(inner, formats, *, rounding, block_size, seed, min_size):
 
 
 def _with_resets(reset_every, **kwargs):
-  """Adam moments with periodic resets (see ``resets.py``)."""
+  """Adam moments with periodic, asymmetric or adaptive resets."""
   from optax_q._src import resets  # pylint: disable=g-import-not-at-top
   return resets.adam_with_resets(reset_every=reset_every, **kwargs)
 
@@ -84,7 +84,7 @@ def adamw(
     block_size: int = 128,
     seed: int = 0,
     min_size: int = 4096,
-    reset_every: int | str | None = None,
+    reset_every: int | str | dict[str, int | str | None] | None = None,
     nesterov: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW with its moments stored in low precision.
@@ -110,8 +110,13 @@ def adamw(
     block_size: Elements per scale along the last axis.
     seed: Seed of the stochastic rounding.
     min_size: Leaves with fewer elements keep float32 state.
-    reset_every: ``None`` (no resets), a positive int period, or ``'auto'``
-      (the stall model's ``K*`` for ``nu_format`` and ``b2``).
+    reset_every: ``None`` (no resets), a positive int period for both
+      moments, ``'auto'`` (the stall model's ``K*`` for ``nu_format`` and
+      ``b2``, see :func:`reset_period`), ``'adaptive'`` (reset a moment when
+      its measured stalled fraction builds up; Algorithm 2 of the staleness
+      paper), or a dict per moment such as ``{'nu': 300}`` (the paper's best
+      fp8 policy: ``mu`` never reset). Each moment is bias-corrected by its
+      local age since its last reset. See :func:`reset_state`.
     nesterov: Nesterov momentum, as in ``optax.adamw``.
 
   Returns:
@@ -128,6 +133,10 @@ def adamw(
 
     Dettmers et al, `8-bit Optimizers via Block-wise Quantization
     <https://arxiv.org/abs/2110.02861>`_, 2022
+
+    Topollai & Choromanska, `Understanding Quantization of Optimizer States
+    in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
+    State Resets <https://arxiv.org/abs/2603.16731>`_, 2026
   """
   _check_nonnegative(weight_decay, 'weight_decay')
   return optax.chain(
@@ -176,7 +185,7 @@ def adam(
     block_size: int = 128,
     seed: int = 0,
     min_size: int = 4096,
-    reset_every: int | str | None = None,
+    reset_every: int | str | dict[str, int | str | None] | None = None,
     nesterov: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """Adam with its moments stored in low precision (see :func:`adamw`).
