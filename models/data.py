@@ -164,9 +164,9 @@ def stdlib_corpus(
     100000
   """
   raw, count = _read_stdlib(max_bytes)
+  # No install path in the fingerprint: results must not name machine paths.
   return _split(raw, val_fraction, dict(
-      source='stdlib', num_files=count, max_bytes=max_bytes,
-      stdlib=sysconfig.get_paths()['stdlib']))
+      source='stdlib', num_files=count, max_bytes=max_bytes))
 
 
 def text_file_corpus(

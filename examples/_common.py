@@ -1,0 +1,405 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Code shared by ``examples/demo.py`` and ``examples/study_precision.py``.
+
+One language-model training run: the small GPT of :mod:`models.gpt` on the
+byte-level standard-library corpus, AdamW (b1 0.9, b2 0.999, eps 1e-8) after
+gradient clipping at 1.0, linear warm-up then cosine decay, decoupled weight
+decay on matrices only. The optimizer is ``optax.adamw`` for the ``fp32``
+baseline and ``optax_q.adamw`` for every low-precision configuration; the
+seed sets the parameter init, the batch order and the stochastic rounding.
+"""
+
+from collections.abc import Sequence
+import argparse
+import dataclasses
+import datetime
+import functools
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+# Run as `python examples/<script>.py` from a fresh clone: make the repository
+# root importable even when the package is not installed.
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+  sys.path.insert(0, str(ROOT))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import optax_q  # noqa: E402
+from models import data  # noqa: E402
+from models import gpt  # noqa: E402
+from models import sharding  # noqa: E402
+from models import train  # noqa: E402
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+
+# ----------------------------------------------------------------------------
+# Configurations.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OptConfig:
+  """How the two Adam moments are stored.
+
+  Attributes:
+    name: row label, e.g. ``'fp8_e4m3/sr'``.
+    mu_format: first-moment format (``'fp32'`` with ``nu_format='fp32'``
+      and ``rounding=None`` means plain ``optax.adamw``).
+    nu_format: second-moment format.
+    rounding: ``'nearest'``, ``'stochastic'`` or ``None`` (fp32).
+  """
+
+  name: str
+  mu_format: str
+  nu_format: str
+  rounding: str | None
+
+  @property
+  def is_baseline(self) -> bool:
+    return self.rounding is None
+
+
+FP32 = OptConfig('fp32', 'fp32', 'fp32', None)
+
+# The 4-bit pair: fp4 e2m1 for the signed first moment and the zero-free
+# unsigned e2m2 grid for the second moment (Li et al, 2023, drop zero from the
+# second-moment grid). Measured against int4/int4 and mixed pairs with
+# `study_precision.py --configs` (see docs/precision.md).
+FOUR_BIT = ('fp4_e2m1', 'fp4_e2m2u')
+
+_ROUNDING_TAG = {'nearest': 'rn', 'stochastic': 'sr'}
+
+
+def opt_config(mu_format: str, nu_format: str | None = None,
+               rounding: str | None = 'stochastic',
+               name: str | None = None) -> OptConfig:
+  """An :class:`OptConfig` named ``'<mu>[+<nu>]/<rn|sr>'``."""
+  nu_format = nu_format or mu_format
+  if mu_format == nu_format == 'fp32':
+    return FP32
+  if name is None:
+    fmt = mu_format if mu_format == nu_format else f'{mu_format}+{nu_format}'
+    name = f'{fmt}/{_ROUNDING_TAG[rounding]}'
+  return OptConfig(name, mu_format, nu_format, rounding)
+
+
+def parse_config(spec: str) -> OptConfig:
+  """``'fp32'``, ``'fp8_e4m3/sr'``, ``'int4+fp4_e2m2u/rn'``, ``'4bit/sr'``."""
+  fmt, _, tag = spec.partition('/')
+  if fmt == 'fp32':
+    return FP32
+  rounding = {'rn': 'nearest', 'nearest': 'nearest', 'sr': 'stochastic',
+              'stochastic': 'stochastic', '': 'stochastic'}.get(tag)
+  if rounding is None:
+    raise ValueError(f'bad rounding {tag!r} in {spec!r}: use /rn or /sr')
+  if fmt == '4bit':
+    return opt_config(*FOUR_BIT, rounding,
+                      name=f'4bit/{_ROUNDING_TAG[rounding]}')
+  mu, _, nu = fmt.partition('+')
+  return opt_config(mu, nu or None, rounding)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Model, data and schedule of one run (shared by every optimizer)."""
+
+  d_model: int = 128
+  num_layers: int = 2
+  num_heads: int = 4
+  seq_len: int = 128
+  batch_size: int = 16
+  steps: int = 600
+  learning_rate: float = 3e-3
+  warmup_steps: int = 60
+  final_lr_fraction: float = 0.1
+  weight_decay: float = 0.1
+  clip_norm: float = 1.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  block_size: int = 128
+  min_size: int = 4096
+  eval_every: int = 100
+  eval_batches: int = 16
+  max_bytes: int = data.DEFAULT_MAX_BYTES
+
+
+def add_run_args(parser: argparse.ArgumentParser, defaults: RunConfig):
+  """Flags for every :class:`RunConfig` field, e.g. ``--d-model 64``."""
+  group = parser.add_argument_group('model, data and schedule')
+  for field in dataclasses.fields(RunConfig):
+    value = getattr(defaults, field.name)
+    group.add_argument(
+        '--' + field.name.replace('_', '-'), type=type(value), default=value,
+        help=f'(default: {value})')
+  parser.add_argument(
+      '--data', default=None,
+      help='train on this text file instead of the standard library sources')
+
+
+def run_config_from_args(args: argparse.Namespace) -> RunConfig:
+  return RunConfig(**{f.name: getattr(args, f.name)
+                      for f in dataclasses.fields(RunConfig)})
+
+
+def schedule(cfg: RunConfig) -> optax.Schedule:
+  """Linear warm-up to ``learning_rate``, then cosine to a fraction of it.
+
+  The warm-up is capped at a fifth of the run, so tiny smoke runs work.
+  """
+  warmup = min(cfg.warmup_steps, cfg.steps // 5)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=cfg.learning_rate,
+      warmup_steps=warmup, decay_steps=max(cfg.steps, warmup + 1),
+      end_value=cfg.learning_rate * cfg.final_lr_fraction)
+
+
+def _decay_mask(params):
+  """Weight decay on matrices only (not on biases and LayerNorm scales)."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+@functools.lru_cache(maxsize=64)
+def make_optimizer(opt: OptConfig, cfg: RunConfig,
+                   seed: int) -> optax.GradientTransformation:
+  """Clipping, then AdamW with the moments stored as ``opt`` says.
+
+  Cached: runs that would build the same transform get the same object, so
+  the training harness reuses its compiled step. Only stochastic rounding
+  depends on ``seed``.
+  """
+  if opt.rounding != 'stochastic' and seed:
+    return make_optimizer(opt, cfg, 0)
+  common = dict(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                weight_decay=cfg.weight_decay, mask=_decay_mask)
+  if opt.is_baseline:
+    adamw = optax.adamw(schedule(cfg), **common)
+  else:
+    adamw = optax_q.adamw(
+        schedule(cfg), **common, mu_format=opt.mu_format,
+        nu_format=opt.nu_format, rounding=opt.rounding,
+        block_size=cfg.block_size, seed=seed, min_size=cfg.min_size)
+  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
+
+
+# ----------------------------------------------------------------------------
+# Memory accounting.
+# ----------------------------------------------------------------------------
+
+
+def quantized_fraction(state: Any) -> dict[str, float]:
+  """How much of the moment state is stored in a low-precision format.
+
+  Returns:
+    ``elements``: fraction of moment elements held in :class:`optax_q.QArray`
+    leaves; ``leaves``: fraction of moment leaves that are quantized.
+  """
+  q_elems = total_elems = q_leaves = total_leaves = 0
+  for x in jax.tree.leaves(state, is_leaf=optax_q.is_qarray):
+    if optax_q.is_qarray(x):
+      size, quantized = int(np.prod(x.shape)), True
+    elif (hasattr(x, 'shape') and len(x.shape) >= 1
+          and jnp.issubdtype(x.dtype, jnp.floating)):
+      size, quantized = int(np.prod(x.shape)), False
+    else:
+      continue  # counters and other scalars
+    total_elems += size
+    total_leaves += 1
+    if quantized:
+      q_elems += size
+      q_leaves += 1
+  return dict(elements=q_elems / max(total_elems, 1),
+              leaves=q_leaves / max(total_leaves, 1))
+
+
+# ----------------------------------------------------------------------------
+# Runs.
+# ----------------------------------------------------------------------------
+
+
+def load_corpus(cfg: RunConfig, path: str | None = None) -> data.Corpus:
+  return data.load_corpus(path, max_bytes=cfg.max_bytes)
+
+
+def make_model(cfg: RunConfig) -> gpt.GPT:
+  return gpt.GPT(d_model=cfg.d_model, num_layers=cfg.num_layers,
+                 num_heads=cfg.num_heads, max_len=cfg.seq_len)
+
+
+def eval_batches(cfg: RunConfig, corpus: data.Corpus):
+  return data.lm_eval_batches(corpus.val, cfg.batch_size, cfg.seq_len,
+                              num_batches=cfg.eval_batches)
+
+
+def run(
+    opt: OptConfig,
+    cfg: RunConfig,
+    corpus: data.Corpus,
+    *,
+    seed: int = 0,
+    model: gpt.GPT | None = None,
+    eval_fn: train.EvalFn | None = None,
+    progress: bool = True,
+    metrics_path: str | os.PathLike[str] | None = None,
+) -> tuple[dict[str, Any], train.TrainResult]:
+  """Train once; returns ``(row, result)``.
+
+  ``row`` holds the measured fields of one table row: ``config``, ``seed``,
+  ``final_val_loss``, ``final_train_loss``, ``state_bytes``,
+  ``state_bits_per_element``, ``quantized_elements``, ``quantized_leaves``,
+  ``step_ms_median`` (compilation step excluded) and ``compile_s`` (the
+  first step, including compilation).
+
+  Pass the same ``model`` and ``eval_fn`` objects to several runs so that
+  the forward pass and the evaluation compile once.
+  """
+  model = model or make_model(cfg)
+  eval_fn = eval_fn or train.make_eval_fn(eval_batches(cfg, corpus))
+  params = sharding.init_params(
+      model, jnp.zeros((1, cfg.seq_len), jnp.int32), seed=seed)
+  tx = make_optimizer(opt, cfg, seed)
+  result = train.train(
+      model, params, tx,
+      data.lm_batches(corpus.train, cfg.batch_size, cfg.seq_len, seed=seed),
+      steps=cfg.steps, loss_fn=train.lm_loss, eval_fn=eval_fn,
+      eval_every=cfg.eval_every, progress=progress, desc=opt.name,
+      # `seed` here only keys an `rng` for the loss, which `lm_loss` does
+      # not take; a fixed value lets seeds share one compiled step.
+      metrics_path=metrics_path, seed=0,
+      metadata=dict(config=opt.name, seed=seed,
+                    run_config=dataclasses.asdict(cfg),
+                    opt_config=dataclasses.asdict(opt),
+                    corpus=corpus.fingerprint))
+  state = result.opt_state
+  times = result.step_times[1:] if len(result.step_times) > 1 else (
+      result.step_times)
+  frac = quantized_fraction(state)
+  row = dict(
+      config=opt.name,
+      seed=seed,
+      mu_format=opt.mu_format,
+      nu_format=opt.nu_format,
+      rounding=opt.rounding or 'none',
+      final_val_loss=float(result.eval_losses[-1]),
+      final_train_loss=float(result.final_loss),
+      state_bytes=int(optax_q.state_nbytes(state)),
+      state_bits_per_element=float(optax_q.state_bits_per_element(state)),
+      quantized_elements=frac['elements'],
+      quantized_leaves=frac['leaves'],
+      step_ms_median=1e3 * float(np.median(times)),
+      compile_s=float(result.step_times[0]),
+  )
+  return row, result
+
+
+# ----------------------------------------------------------------------------
+# Provenance.
+# ----------------------------------------------------------------------------
+
+
+def command_line() -> str:
+  """The command that ran, with the script path relative to the repo."""
+  script = pathlib.Path(sys.argv[0]).resolve()
+  try:
+    script = script.relative_to(ROOT)
+  except ValueError:
+    script = pathlib.Path(script.name)
+  return ' '.join(['python', script.as_posix(), *sys.argv[1:]])
+
+
+def git_revision() -> str:
+  """``git describe``-like revision of the checkout, ``+dirty`` if edited."""
+  def git(*args):
+    return subprocess.run(
+        ['git', *args], cwd=ROOT, capture_output=True, text=True,
+        check=True).stdout.strip()
+  try:
+    rev = git('rev-parse', '--short=12', 'HEAD')
+    dirty = git('status', '--porcelain', '--untracked-files=no')
+  except (OSError, subprocess.CalledProcessError):
+    return 'unknown'
+  return rev + ('+dirty' if dirty else '')
+
+
+def _cpu_model() -> str:
+  try:
+    for line in pathlib.Path('/proc/cpuinfo').read_text().splitlines():
+      if line.startswith('model name'):
+        return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def _available_cores() -> int:
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:
+    return os.cpu_count() or 1
+
+
+def load_average() -> str:
+  try:
+    return '/'.join(f'{x:.1f}' for x in os.getloadavg())
+  except OSError:
+    return 'n/a'
+
+
+def machine() -> str:
+  """One line: CPU, cores, OS, Python, jax and backend (no host names)."""
+  dev = jax.devices()[0]
+  return (f'{_cpu_model()}, {_available_cores()} cores, '
+          f'{platform.system()} {platform.machine()}, '
+          f'Python {platform.python_version()}, jax {jax.__version__} '
+          f'({dev.platform})')
+
+
+def now_utc() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).strftime(
+      '%Y-%m-%dT%H:%M:%SZ')
+
+
+# ----------------------------------------------------------------------------
+# Tables.
+# ----------------------------------------------------------------------------
+
+
+def markdown_table(header: Sequence[str],
+                   rows: Sequence[Sequence[Any]]) -> str:
+  """A GitHub markdown table."""
+  lines = ['| ' + ' | '.join(header) + ' |',
+           '|' + '|'.join('---' for _ in header) + '|']
+  lines += ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows]
+  return '\n'.join(lines)
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+  """A fixed-width text table for the terminal."""
+  cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
+  widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+  fmt = lambda r: '  '.join(
+      c.ljust(w) if i == 0 else c.rjust(w)
+      for i, (c, w) in enumerate(zip(r, widths)))
+  rule = '-' * len(fmt(cells[0]))
+  return '\n'.join([fmt(cells[0]), rule] + [fmt(r) for r in cells[1:]])
