@@ -29,6 +29,7 @@ import functools
 import os
 import pathlib
 import platform
+import shlex
 import subprocess
 import sys
 from typing import Any
@@ -163,16 +164,22 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
                       for f in dataclasses.fields(RunConfig)})
 
 
-def schedule(cfg: RunConfig) -> optax.Schedule:
-  """Linear warm-up to ``learning_rate``, then cosine to a fraction of it.
-
-  The warm-up is capped at a fifth of the run, so tiny smoke runs work.
-  """
+def _schedule_args(cfg: RunConfig) -> tuple[float, int, int, float]:
+  # The warm-up is capped at a fifth of the run, so tiny smoke runs work.
   warmup = min(cfg.warmup_steps, cfg.steps // 5)
+  return (cfg.learning_rate, warmup, max(cfg.steps, warmup + 1),
+          cfg.learning_rate * cfg.final_lr_fraction)
+
+
+def schedule(cfg: RunConfig) -> optax.Schedule:
+  """Linear warm-up to ``learning_rate``, then cosine to a fraction of it."""
+  return _schedule(*_schedule_args(cfg))
+
+
+def _schedule(peak, warmup, decay_steps, end):
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=cfg.learning_rate,
-      warmup_steps=warmup, decay_steps=max(cfg.steps, warmup + 1),
-      end_value=cfg.learning_rate * cfg.final_lr_fraction)
+      init_value=0.0, peak_value=peak, warmup_steps=warmup,
+      decay_steps=decay_steps, end_value=end)
 
 
 def _decay_mask(params):
@@ -180,27 +187,34 @@ def _decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-@functools.lru_cache(maxsize=64)
 def make_optimizer(opt: OptConfig, cfg: RunConfig,
                    seed: int) -> optax.GradientTransformation:
   """Clipping, then AdamW with the moments stored as ``opt`` says.
 
-  Cached: runs that would build the same transform get the same object, so
-  the training harness reuses its compiled step. Only stochastic rounding
-  depends on ``seed``.
+  Cached: calls that would build the same transform get the same object, so
+  the training harness reuses its compiled step (only stochastic rounding
+  depends on ``seed``).
   """
-  if opt.rounding != 'stochastic' and seed:
-    return make_optimizer(opt, cfg, 0)
-  common = dict(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                weight_decay=cfg.weight_decay, mask=_decay_mask)
+  return _make_optimizer(
+      opt, _schedule_args(cfg), cfg.weight_decay, cfg.clip_norm, cfg.b1,
+      cfg.b2, cfg.eps, cfg.block_size, cfg.min_size,
+      seed if opt.rounding == 'stochastic' else 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _make_optimizer(opt, schedule_args, weight_decay, clip_norm, b1, b2, eps,
+                    block_size, min_size, seed):
+  common = dict(b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                mask=_decay_mask)
+  lr = _schedule(*schedule_args)
   if opt.is_baseline:
-    adamw = optax.adamw(schedule(cfg), **common)
+    adamw = optax.adamw(lr, **common)
   else:
     adamw = optax_q.adamw(
-        schedule(cfg), **common, mu_format=opt.mu_format,
-        nu_format=opt.nu_format, rounding=opt.rounding,
-        block_size=cfg.block_size, seed=seed, min_size=cfg.min_size)
-  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw)
+        lr, **common, mu_format=opt.mu_format, nu_format=opt.nu_format,
+        rounding=opt.rounding, block_size=block_size, seed=seed,
+        min_size=min_size)
+  return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
 
 
 # ----------------------------------------------------------------------------
@@ -243,13 +257,31 @@ def load_corpus(cfg: RunConfig, path: str | None = None) -> data.Corpus:
 
 
 def make_model(cfg: RunConfig) -> gpt.GPT:
-  return gpt.GPT(d_model=cfg.d_model, num_layers=cfg.num_layers,
-                 num_heads=cfg.num_heads, max_len=cfg.seq_len)
+  """The GPT of ``cfg`` (cached, so runs share compiled steps)."""
+  return _make_model(cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.seq_len)
+
+
+@functools.lru_cache(maxsize=8)
+def _make_model(d_model, num_layers, num_heads, seq_len):
+  return gpt.GPT(d_model=d_model, num_layers=num_layers,
+                 num_heads=num_heads, max_len=seq_len)
 
 
 def eval_batches(cfg: RunConfig, corpus: data.Corpus):
   return data.lm_eval_batches(corpus.val, cfg.batch_size, cfg.seq_len,
                               num_batches=cfg.eval_batches)
+
+
+_EVAL_FNS = {}
+
+
+def make_eval_fn(cfg: RunConfig, corpus: data.Corpus) -> train.EvalFn:
+  """Validation loss on fixed batches (cached: it compiles once)."""
+  key = (corpus.fingerprint['sha256'], cfg.batch_size, cfg.seq_len,
+         cfg.eval_batches)
+  if key not in _EVAL_FNS:
+    _EVAL_FNS[key] = train.make_eval_fn(eval_batches(cfg, corpus))
+  return _EVAL_FNS[key]
 
 
 def run(
@@ -275,7 +307,7 @@ def run(
   the forward pass and the evaluation compile once.
   """
   model = model or make_model(cfg)
-  eval_fn = eval_fn or train.make_eval_fn(eval_batches(cfg, corpus))
+  eval_fn = eval_fn or make_eval_fn(cfg, corpus)
   params = sharding.init_params(
       model, jnp.zeros((1, cfg.seq_len), jnp.int32), seed=seed)
   tx = make_optimizer(opt, cfg, seed)
@@ -318,14 +350,20 @@ def run(
 # ----------------------------------------------------------------------------
 
 
-def command_line() -> str:
-  """The command that ran, with the script path relative to the repo."""
-  script = pathlib.Path(sys.argv[0]).resolve()
+def command_line(script: str | None = None,
+                 argv: Sequence[str] | None = None) -> str:
+  """``python <script relative to the repo> <args>``, shell-quoted.
+
+  Defaults to ``sys.argv``; scripts whose ``main(argv)`` is called directly
+  (as the tests do) pass ``__file__`` and ``argv``.
+  """
+  path = pathlib.Path(script or sys.argv[0]).resolve()
   try:
-    script = script.relative_to(ROOT)
+    path = path.relative_to(ROOT)
   except ValueError:
-    script = pathlib.Path(script.name)
-  return ' '.join(['python', script.as_posix(), *sys.argv[1:]])
+    path = pathlib.Path(path.name)
+  argv = sys.argv[1:] if argv is None else argv
+  return shlex.join(['python', path.as_posix(), *argv])
 
 
 def git_revision() -> str:

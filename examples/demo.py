@@ -92,7 +92,7 @@ def main(argv=None):
   t_start = time.perf_counter()
   corpus = _common.load_corpus(cfg, args.data)
   model = _common.make_model(cfg)
-  eval_fn = train.make_eval_fn(_common.eval_batches(cfg, corpus))
+  eval_fn = _common.make_eval_fn(cfg, corpus)
   print(f'corpus: {corpus.fingerprint["num_bytes"]:,} bytes '
         f'({corpus.fingerprint["source"]}, '
         f'{corpus.fingerprint["num_files"]} files); '
@@ -114,7 +114,7 @@ def main(argv=None):
       title=f'GPT {model.num_params() / 1e6:.2f}M params, byte-level '
             f'stdlib corpus, seed {args.seed}')
   summary = dict(
-      command=_common.command_line(),
+      command=_common.command_line(__file__, argv),
       git_revision=_common.git_revision(),
       date=_common.now_utc(),
       machine=_common.machine(),

@@ -1,0 +1,355 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+r"""The precision study: final loss against optimizer-state bits.
+
+Trains the small GPT on the byte-level standard-library corpus with AdamW
+whose moments are stored in fp32 (``optax.adamw``), bf16, fp8 e4m3,
+int8 (dynamic map) and 4 bits (fp4 e2m1 first moment, zero-free e2m2
+second moment), each with round-to-nearest (``/rn``) and stochastic
+rounding (``/sr``), for several seeds. A seed fixes the parameter init, the
+batch order and the rounding bits, so every configuration sees the same
+init and data as fp32 in the same seed, and the gap to fp32 is paired.
+
+Writes ``<results-dir>/precision.json`` (command, revision, date, machine,
+mode, one row per configuration and seed), ``precision.md`` (mean and
+spread per configuration, the paired gap to fp32 and the verdict against
+the targets) and ``precision.png`` (final loss against bits per state
+element), and refreshes the results block of ``docs/precision.md``::
+
+  python examples/study_precision.py --mode quick   # a few minutes
+  python examples/study_precision.py --mode full    # under an hour, 2 cores
+
+Targets: fp8 and int8_dynamic with stochastic rounding within the fp32 seed
+spread or at most +0.5 %; 4-bit with stochastic rounding at most +1 %.
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import pathlib
+import re
+import statistics
+import time
+
+import _common  # pylint: disable=g-bad-import-order
+
+from models import train  # pylint: disable=g-bad-import-order
+
+CONFIGS = (
+    'fp32',
+    'bf16/rn', 'bf16/sr',
+    'fp8_e4m3/rn', 'fp8_e4m3/sr',
+    'int8_dynamic/rn', 'int8_dynamic/sr',
+    '4bit/rn', '4bit/sr',
+)
+
+# Quick: a smaller model and fewer steps, still 3 seeds; for CI and the
+# README. Full: the demo's model, longer; the documented table.
+MODES = {
+    'quick': _common.RunConfig(
+        d_model=64, num_layers=2, num_heads=4, seq_len=64, batch_size=16,
+        steps=200, learning_rate=3e-3, warmup_steps=20, eval_every=50,
+        eval_batches=16),
+    'full': _common.RunConfig(
+        d_model=128, num_layers=2, num_heads=4, seq_len=128, batch_size=16,
+        steps=1000, learning_rate=3e-3, warmup_steps=100, eval_every=100,
+        eval_batches=32),
+}
+
+# name -> (relative gap bound, also pass within the fp32 seed spread).
+TARGETS = {
+    'fp8_e4m3/sr': (0.005, True),
+    'int8_dynamic/sr': (0.005, True),
+    '4bit/sr': (0.01, False),
+}
+
+OVERRIDES = ('d_model', 'num_layers', 'num_heads', 'seq_len', 'batch_size',
+             'steps', 'eval_every', 'eval_batches', 'max_bytes')
+
+NAME = 'precision'
+DOC_BEGIN = '<!-- precision-results:begin -->'
+DOC_END = '<!-- precision-results:end -->'
+
+
+# ----------------------------------------------------------------------------
+# Statistics.
+# ----------------------------------------------------------------------------
+
+
+def _std(xs):
+  return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def summarize(rows):
+  """Per-configuration aggregates and the paired gap to fp32."""
+  by = {}
+  for r in rows:
+    by.setdefault(r['config'], {})[r['seed']] = r
+  base = by.get('fp32', {})
+  base_losses = [r['final_val_loss'] for r in base.values()]
+  spread = _std(base_losses)
+  out = []
+  for name, seeds in by.items():
+    losses = [r['final_val_loss'] for r in seeds.values()]
+    paired = sorted(set(seeds) & set(base))
+    gaps = [seeds[s]['final_val_loss'] - base[s]['final_val_loss']
+            for s in paired]
+    rel = [g / base[s]['final_val_loss'] for g, s in zip(gaps, paired)]
+    ratios = [seeds[s]['step_ms_median'] / base[s]['step_ms_median']
+              for s in paired]
+    first = next(iter(seeds.values()))
+    summary = dict(
+        config=name,
+        seeds=sorted(seeds),
+        mean_val_loss=statistics.fmean(losses),
+        std_val_loss=_std(losses),
+        mean_gap=statistics.fmean(gaps) if gaps else math.nan,
+        std_gap=_std(gaps),
+        mean_rel_gap=statistics.fmean(rel) if rel else math.nan,
+        fp32_seed_spread=spread,
+        state_bytes=first['state_bytes'],
+        state_bits_per_element=first['state_bits_per_element'],
+        quantized_elements=first['quantized_elements'],
+        step_ms_median=statistics.median(
+            r['step_ms_median'] for r in seeds.values()),
+        step_ratio_to_fp32=(statistics.median(ratios) if ratios
+                            else math.nan),
+    )
+    summary.update(verdict(name, summary))
+    out.append(summary)
+  return out
+
+
+def verdict(name, s):
+  """``target`` and ``met`` (``None`` for configurations without one)."""
+  if name not in TARGETS:
+    return dict(target='', met=None)
+  bound, spread_ok = TARGETS[name]
+  text = f'<= +{100 * bound:g}%'
+  met = s['mean_rel_gap'] <= bound
+  if spread_ok:
+    text = f'within fp32 seed spread or {text}'
+    met = met or abs(s['mean_gap']) <= s['fp32_seed_spread']
+  return dict(target=text, met=bool(met))
+
+
+# ----------------------------------------------------------------------------
+# Outputs.
+# ----------------------------------------------------------------------------
+
+
+def render_markdown(meta, summary):
+  """The results page: provenance, then the table."""
+  header = ('config', 'bits/elem', 'state bytes', 'final val loss',
+            'gap to fp32 (same seeds)', 'rel. gap', 'step ms (vs fp32)',
+            'target', 'met')
+  rows = []
+  for s in summary:
+    met = {None: '', True: 'yes', False: '**no**'}[s['met']]
+    rows.append((
+        f"`{s['config']}`",
+        f"{s['state_bits_per_element']:.2f}",
+        f"{s['state_bytes']:,}",
+        f"{s['mean_val_loss']:.4f} ± {s['std_val_loss']:.4f}",
+        ('—' if s['config'] == 'fp32' else
+         f"{s['mean_gap']:+.4f} ± {s['std_gap']:.4f}"),
+        ('—' if s['config'] == 'fp32' else
+         f"{100 * s['mean_rel_gap']:+.2f}%"),
+        f"{s['step_ms_median']:.0f} ({s['step_ratio_to_fp32']:.2f}x)",
+        s['target'], met))
+  cfg = meta['run_config']
+  n_seeds = len(meta['seeds'])
+  lines = [
+      f"Mode `{meta['mode']}`: GPT d_model={cfg['d_model']}, "
+      f"{cfg['num_layers']} layers, {meta['num_params']:,} params; "
+      f"{cfg['steps']} steps of {cfg['batch_size']}x{cfg['seq_len']} bytes; "
+      f"peak lr {cfg['learning_rate']:g}, warm-up then cosine, clip "
+      f"{cfg['clip_norm']:g}, weight decay {cfg['weight_decay']:g}; "
+      f"seeds {', '.join(map(str, meta['seeds']))}. "
+      f"{100 * meta['quantized_elements']:.1f}% of the moment elements are "
+      f"quantized (leaves under {cfg['min_size']} elements stay float32).",
+      '',
+      _common.markdown_table(header, rows),
+      '',
+      f'Loss: validation cross entropy (nats per byte) after the last step, '
+      f'mean ± standard deviation over {n_seeds} seeds. Gap: the paired '
+      f'difference to fp32 in the same seed (same init and batches), mean ± '
+      f'standard deviation. The fp32 seed spread (standard deviation) is '
+      f"{summary[0]['fp32_seed_spread']:.4f}. Step time: median over the "
+      f'seeds of each run\'s median step (compilation excluded), runs one '
+      f'after another on the same machine, so only ratios mean much.',
+      '',
+      f"- Command: `{meta['command']}`",
+      f"- Revision: `{meta['git_revision']}`; date: {meta['date']}; "
+      f"wall time {meta['wall_s'] / 60:.1f} min",
+      f"- Machine: {meta['machine']}; load average (1/5/15 min) "
+      f"{meta['load_average_start']} at the start, "
+      f"{meta['load_average_end']} at the end",
+  ]
+  if meta.get('note'):
+    lines.append(f"- Note: {meta['note']}")
+  return '\n'.join(lines) + '\n'
+
+
+def plot_frontier(summary, path, title):
+  """Final validation loss against state bits per element."""
+  # pylint: disable-next=import-outside-toplevel
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=(7, 4.5), layout='constrained')
+  ax = fig.subplots()
+  base = next((s for s in summary if s['config'] == 'fp32'), None)
+  if base is not None:
+    ax.axhspan(base['mean_val_loss'] - base['std_val_loss'],
+               base['mean_val_loss'] + base['std_val_loss'],
+               color='0.85', label='fp32 ± seed std')
+  families = {}
+  for s in summary:
+    fam = s['config'].split('/')[0]
+    families.setdefault(fam, len(families))
+  for s in summary:
+    fam, _, tag = s['config'].partition('/')
+    color = f'C{families[fam] % 10}'
+    filled = tag != 'rn'
+    ax.errorbar(
+        s['state_bits_per_element'], s['mean_val_loss'],
+        yerr=s['std_val_loss'], fmt='o' if filled else 's', color=color,
+        mfc=color if filled else 'white', ms=7, capsize=3,
+        label=s['config'])
+  ax.set_xscale('log', base=2)
+  ax.set_xticks([4, 8, 16, 32])
+  ax.set_xticklabels(['4', '8', '16', '32'])
+  ax.set_xlabel('optimizer-state bits per moment element')
+  ax.set_ylabel('final validation loss (nats/byte)')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8, ncol=2)
+  ax.set_title(title, fontsize=10)
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  return path
+
+
+def update_doc(doc, results_md):
+  """Replace the block between the markers of ``doc`` with the results."""
+  doc = pathlib.Path(doc)
+  text = doc.read_text()
+  if DOC_BEGIN not in text or DOC_END not in text:
+    raise ValueError(f'{doc} has no {DOC_BEGIN} ... {DOC_END} block')
+  block = f'{DOC_BEGIN}\n{results_md}{DOC_END}'
+  text = re.sub(re.escape(DOC_BEGIN) + '.*?' + re.escape(DOC_END),
+                lambda _: block, text, flags=re.S)
+  doc.write_text(text)
+
+
+# ----------------------------------------------------------------------------
+# Main.
+# ----------------------------------------------------------------------------
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n')[0],
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument('--mode', choices=sorted(MODES), default='quick')
+  parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+  parser.add_argument('--configs', nargs='+', default=list(CONFIGS),
+                      help="'fp32' first, then <mu>[+<nu>]/<rn|sr>")
+  parser.add_argument('--results-dir', default='docs/results')
+  parser.add_argument(
+      '--doc', default='docs/precision.md',
+      help="page whose results block is refreshed ('' for none)")
+  parser.add_argument('--note', default='',
+                      help='a remark recorded with the results')
+  parser.add_argument('--no-progress', action='store_true')
+  parser.add_argument('--data', default=None,
+                      help='train on this text file instead of the stdlib')
+  # Overrides of the mode's model and schedule (for smoke tests).
+  for flag in OVERRIDES:
+    parser.add_argument('--' + flag.replace('_', '-'), type=int,
+                        help="override the mode's value")
+  args = parser.parse_args(argv)
+  overrides = {k: v for k in OVERRIDES if (v := getattr(args, k)) is not None}
+  cfg = dataclasses.replace(MODES[args.mode], **overrides)
+  if args.configs[0] != 'fp32':
+    parser.error("the first config must be 'fp32' (the baseline)")
+  opts = [_common.parse_config(c) for c in args.configs]
+  out = pathlib.Path(args.results_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  partial = out / f'{NAME}.partial.json'
+
+  t_start = time.perf_counter()
+  meta = dict(
+      command=_common.command_line(__file__, argv),
+      git_revision=_common.git_revision(),
+      date=_common.now_utc(),
+      machine=_common.machine(),
+      load_average_start=_common.load_average(),
+      mode=args.mode,
+      note=args.note,
+      seeds=list(args.seeds),
+      configs=[o.name for o in opts],
+      run_config=dataclasses.asdict(cfg),
+  )
+  corpus = _common.load_corpus(cfg, args.data)
+  model = _common.make_model(cfg)
+  eval_fn = _common.make_eval_fn(cfg, corpus)
+  meta.update(num_params=model.num_params(), corpus=corpus.fingerprint)
+  n_runs = len(opts) * len(args.seeds)
+  print(f'{args.mode} mode: {n_runs} runs of {cfg.steps} steps, '
+        f'{meta["num_params"]:,} params')
+
+  rows = []
+  # Seeds outer: every configuration is spread over the whole study, so
+  # slow phases of a shared machine hit all of them alike.
+  for seed in args.seeds:
+    for opt in opts:
+      row, _ = _common.run(opt, cfg, corpus, seed=seed, model=model,
+                           eval_fn=eval_fn, progress=not args.no_progress)
+      rows.append(row)
+      print(f"[{len(rows)}/{n_runs}] {opt.name:18s} seed {seed}: "
+            f"val {row['final_val_loss']:.4f}, "
+            f"{row['state_bits_per_element']:.2f} bits/elem, "
+            f"{row['step_ms_median']:.0f} ms/step "
+            f"({time.perf_counter() - t_start:.0f} s)", flush=True)
+      partial.write_text(json.dumps(dict(meta, rows=rows), indent=1) + '\n')
+
+  summary = summarize(rows)
+  meta.update(
+      wall_s=time.perf_counter() - t_start,
+      load_average_end=_common.load_average(),
+      quantized_elements=max(s['quantized_elements'] for s in summary),
+  )
+  result = dict(meta, targets={k: dict(rel_gap=b, or_within_seed_spread=o)
+                               for k, (b, o) in TARGETS.items()},
+                summary=summary, rows=rows)
+  (out / f'{NAME}.json').write_text(json.dumps(result, indent=1) + '\n')
+  md = render_markdown(meta, summary)
+  (out / f'{NAME}.md').write_text(
+      f'# Precision study ({args.mode} mode)\n\n'
+      f'Written by `examples/study_precision.py`; do not edit.\n\n' + md)
+  plot_frontier(
+      summary, out / f'{NAME}.png',
+      f"{args.mode} mode: GPT {meta['num_params'] / 1e6:.2f}M params, "
+      f'{cfg.steps} steps, {len(args.seeds)} seeds')
+  partial.unlink(missing_ok=True)
+  if args.doc:
+    update_doc(args.doc, md)
+  print()
+  print(md)
+  return result
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,162 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Smoke tests of the demo and the precision study, in a tiny setting.
+
+Both entry points run in one process with the same tiny model, schedule and
+optimizers, so the compiled train steps are shared (the scripts cache their
+transforms and model); the whole module takes a few seconds of training
+plus two compilations.
+"""
+
+import contextlib
+import io
+import json
+import pathlib
+import sys
+import tempfile
+
+from absl.testing import absltest
+
+_EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / 'examples'
+sys.path.insert(0, str(_EXAMPLES))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import _common  # noqa: E402
+import demo  # noqa: E402
+import study_precision  # noqa: E402
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+# The same model and schedule for both scripts: compiled steps are shared.
+TINY = ['--d-model', '32', '--num-layers', '1', '--num-heads', '2',
+        '--seq-len', '32', '--batch-size', '4', '--steps', '4',
+        '--eval-every', '2', '--eval-batches', '1']
+CONFIGS = ['fp32', 'fp8_e4m3/rn']
+
+
+def _quiet(fn, *args):
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(
+      io.StringIO()):
+    result = fn(*args)
+  return result, out.getvalue()
+
+
+class ExamplesTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.TemporaryDirectory()
+    cls.dir = pathlib.Path(cls.tmp.name)
+    # A small corpus: reading 8 MB is not what is being tested.
+    small = ['--max-bytes', '200000']
+    cls.demo, cls.demo_out = _quiet(demo.main, [
+        '--out', str(cls.dir / 'demo'), '--configs', *CONFIGS,
+        '--no-progress', *TINY, *small])
+    doc = cls.dir / 'precision.md'
+    doc.write_text(f'intro\n{study_precision.DOC_BEGIN}\nold\n'
+                   f'{study_precision.DOC_END}\noutro\n')
+    cls.doc = doc
+    cls.study, cls.study_out = _quiet(study_precision.main, [
+        '--mode', 'quick', '--seeds', '0', '1', '--configs', *CONFIGS,
+        '--results-dir', str(cls.dir / 'results'), '--doc', str(doc),
+        '--no-progress', '--note', 'smoke test', *TINY, *small])
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.tmp.cleanup()
+    super().tearDownClass()
+
+  def test_demo_table_and_files(self):
+    lines = self.demo_out.splitlines()
+    header = next(i for i, l in enumerate(lines) if l.startswith('optimizer'))
+    rows = [l.split() for l in lines[header + 2:header + 2 + len(CONFIGS)]]
+    self.assertEqual([r[0] for r in rows], CONFIGS)
+    self.assertEqual(rows[0][2], '+0.00%')
+    for r in rows:
+      self.assertGreater(float(r[1]), 0.0)  # final validation loss
+    out = self.dir / 'demo'
+    self.assertGreater((out / 'loss_curves.png').stat().st_size, 1000)
+    metrics = json.loads((out / 'metrics.json').read_text())
+    for key in ('command', 'git_revision', 'date', 'machine', 'rows'):
+      self.assertIn(key, metrics)
+    fp32, fp8 = metrics['rows']
+    self.assertEqual(fp32['state_bits_per_element'], 32.0)
+    self.assertLess(fp8['state_bytes'], fp32['state_bytes'])
+    self.assertGreater(fp8['quantized_elements'], 0.5)
+    self.assertTrue((out / 'fp8_e4m3_rn.json').exists())
+
+  def test_study_json(self):
+    res = json.loads(
+        (self.dir / 'results' / 'precision.json').read_text())
+    for key in ('command', 'git_revision', 'date', 'machine', 'mode', 'rows',
+                'summary'):
+      self.assertIn(key, res)
+    self.assertEqual(res['mode'], 'quick')
+    self.assertIn('study_precision.py', res['command'])
+    self.assertLen(res['rows'], len(CONFIGS) * 2)
+    for row in res['rows']:
+      for key in ('config', 'seed', 'final_val_loss', 'state_bytes',
+                  'state_bits_per_element', 'step_ms_median'):
+        self.assertIn(key, row)
+    self.assertEqual({r['config'] for r in res['rows']}, set(CONFIGS))
+    self.assertEqual({r['seed'] for r in res['rows']}, {0, 1})
+    fp32 = res['summary'][0]
+    self.assertEqual(fp32['config'], 'fp32')
+    self.assertEqual(fp32['mean_gap'], 0.0)
+
+  def test_study_markdown_plot_and_doc(self):
+    out = self.dir / 'results'
+    self.assertGreater((out / 'precision.png').stat().st_size, 1000)
+    self.assertFalse((out / 'precision.partial.json').exists())
+    md = (out / 'precision.md').read_text()
+    self.assertIn('| `fp8_e4m3/rn` |', md)
+    self.assertIn('Command: `python examples/study_precision.py', md)
+    doc = self.doc.read_text()
+    self.assertNotIn('old', doc)
+    self.assertIn('| `fp32` |', doc)
+    self.assertTrue(doc.startswith('intro\n') and doc.endswith('outro\n'))
+
+  def test_verdicts(self):
+    rows = []
+    for seed, base in enumerate((2.00, 2.02, 1.98)):
+      rows += [
+          dict(config='fp32', seed=seed, final_val_loss=base),
+          dict(config='fp8_e4m3/sr', seed=seed, final_val_loss=base + 0.03),
+          dict(config='4bit/sr', seed=seed, final_val_loss=base * 1.005),
+      ]
+    for r in rows:
+      r.update(state_bytes=1, state_bits_per_element=1.0,
+               quantized_elements=1.0, step_ms_median=1.0)
+    summary = {s['config']: s for s in study_precision.summarize(rows)}
+    self.assertAlmostEqual(summary['fp32']['fp32_seed_spread'], 0.02)
+    # +1.5 % and outside the seed spread: fails the 0.5 % target.
+    self.assertFalse(summary['fp8_e4m3/sr']['met'])
+    self.assertTrue(summary['4bit/sr']['met'])
+    self.assertIsNone(summary['fp32']['met'])
+
+  def test_parse_config(self):
+    self.assertEqual(_common.parse_config('fp32'), _common.FP32)
+    four = _common.parse_config('4bit/sr')
+    self.assertEqual((four.mu_format, four.nu_format, four.rounding),
+                     (*_common.FOUR_BIT, 'stochastic'))
+    mixed = _common.parse_config('int4+fp4_e2m2u/rn')
+    self.assertEqual((mixed.nu_format, mixed.rounding),
+                     ('fp4_e2m2u', 'nearest'))
+    with self.assertRaises(ValueError):
+      _common.parse_config('int4/xx')
+
+
+if __name__ == '__main__':
+  absltest.main()
