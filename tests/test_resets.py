@@ -264,15 +264,18 @@ class CompositionTest(parameterized.TestCase):
     _assert_trees_equal(out[0].stalled, state[0].stalled)
 
 
-class AdaptiveResetTest(absltest.TestCase):
+class AdaptiveResetTest(parameterized.TestCase):
 
-  def test_stalled_state_triggers_resets(self):
+  @parameterized.parameters('bf16', 'fp8_e4m3')
+  def test_stalled_state_triggers_resets(self, fmt):
     # Zero gradients after the first step: with b2=0.999 a bf16 second
     # moment rounded to nearest cannot decay (every update stalls), while
-    # the first moment (b1=0.9) keeps moving.
+    # the first moment (b1=0.9) keeps moving. In block-scaled fp8 the whole
+    # block decays together: the scale moves, the codes stall.
     params = {'w': jnp.zeros((8, 64))}
     tx = optax_q.reset_state(
-        optax_q.quantize_state(optax_q.scale_by_adam_local_age(), 'bf16',
+        optax_q.quantize_state(optax_q.scale_by_adam_local_age(),
+                               {'mu': 'bf16', 'nu': fmt},
                                rounding='nearest', min_size=0),
         'adaptive', decay=0.99)
     step = jax.jit(tx.update)

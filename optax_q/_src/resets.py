@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_q._src import formats as formats_lib
+from optax_q._src import packing
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import theory
 from optax_q._src import transform
@@ -252,23 +253,41 @@ class ResetState(NamedTuple):
   inner_state: optax.OptState
 
 
+def _equal_codes(old: Any, new: Any) -> jax.Array:
+  """Elementwise: the stored value did not change (codes for QArrays).
+
+  For quantized leaves the stored codes are compared, as
+  :func:`optax_q.stall_fraction` does: with block scales that follow the
+  block maximum, the scale moves a little almost every step even where the
+  codes do not, and the codes are what staleness is about.
+  """
+  if not qarray_lib.is_qarray(old):
+    return old == new
+  a, b = old.codes, new.codes
+  if old.fmt.packed and old.shape:
+    a = packing.unpack_nibbles(a, old.shape[-1])
+    b = packing.unpack_nibbles(b, old.shape[-1])
+  if jnp.issubdtype(a.dtype, jnp.floating):
+    # Bit patterns: -0 and +0 differ, and NaN equals itself.
+    uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize]
+    a = jax.lax.bitcast_convert_type(a, uint)
+    b = jax.lax.bitcast_convert_type(b, uint)
+  return a == b
+
+
 def _stalled_fraction(old, new, field: str) -> jax.Array:
   """Fraction of the elements of ``field`` whose stored value did not change.
 
-  Pooled over all leaves of the field (weighted by size) and measured on the
-  decoded values, so that a changed block scale counts as a move.
+  Pooled over all leaves of the field, weighted by their sizes.
   """
   sums = []
 
   def visit(name, o, n):
     if name != field or not (qarray_lib.is_qarray(o) or hasattr(o, 'dtype')):
       return o
-    if qarray_lib.is_qarray(o):
-      a, b = qarray_lib.decode(o), qarray_lib.decode(n)
-    else:
-      a, b = o, n
-    if a.size:
-      sums.append((jnp.sum(a == b, dtype=jnp.float32), a.size))
+    size = o.size
+    if size:
+      sums.append((jnp.sum(_equal_codes(o, n), dtype=jnp.float32), size))
     return o
 
   _map_fields(visit, frozenset({field}), old, new)
@@ -306,7 +325,8 @@ def reset_state(
 
   ``'adaptive'`` fields follow Algorithm 2 of the paper: with
   :math:`P_k` the fraction of the field's stored elements that did not change
-  in the ``k``-th update (pooled over all its leaves, on decoded values),
+  in the ``k``-th update (pooled over all its leaves; stored codes for
+  quantized leaves, as :func:`optax_q.stall_fraction` counts them),
 
   .. math::
     A \leftarrow A + \left[\frac{P_k / P_{ss} - s_0}{1 - s_0}\right]_+,
