@@ -459,9 +459,9 @@ assumes an unscaled float grid for v, log-uniform mantissas, a stationary
 state `v ~= sigma^2` and `g^2/sigma^2 ~ chi^2_1`. The simulation matches
 each: no scales (fp4 is the 2-mantissa-bit grid `e8m2`), `sigma_i = 2**U(-2,
 2)`, and every step tests one update from the stored ideal EMA `Q(v32)`,
-comparing decoded values. Target: |measured - model| <= {100 * TOLERANCE:.0f} pp for bf16 and fp8,
-both roundings, at b2 = {args.b2}: **{'met' if meta['target_met'] else
-'NOT met'}**.
+comparing decoded values. Target: |measured - model| <=
+{100 * TOLERANCE:.0f} pp for bf16 and fp8, both roundings, at b2 =
+{args.b2}: **{'met' if meta['target_met'] else 'NOT met'}**.
 
 {_md_table(('format', 'b2', 'rounding', 'model', 'measured', 'diff (pp)',
             'within 3 pp'), rows)}

@@ -50,7 +50,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 import _common  # pylint: disable=g-bad-import-order

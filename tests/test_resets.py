@@ -18,7 +18,6 @@ the reset happens after the K-th update of a cycle, and the next update
 bias-corrects with local age 1, like a fresh Adam moment.
 """
 
-import functools
 import warnings
 
 from absl.testing import absltest
@@ -236,6 +235,10 @@ class CompositionTest(parameterized.TestCase):
     self.assertGreater(float(jnp.abs(masked.mu['w']).max()), 0.0)
     self.assertEqual(int(masked.count_nu), 0)
     self.assertEqual(int(masked.count_mu), 2)
+
+  def test_shared_count_without_counters_warns(self):
+    with self.assertWarnsRegex(UserWarning, 'age counter'):
+      optax_q.reset_state(optax.scale_by_adam(), 2)
 
   def test_shared_count_of_optax_adam(self):
     tx = optax_q.reset_state(optax.scale_by_adam(), 2,

@@ -414,6 +414,15 @@ def reset_state(
       raise ValueError(
           f'Unknown state field(s) {unknown} to reset; the state of this '
           f'transform has float fields {sorted(floats)}.')
+    if counters is None and 'count' in ints:
+      ageless = sorted(f for f in periods if f'count_{f}' not in ints)
+      if ageless:
+        warnings.warn(
+            f'Resetting {ageless} without an age counter: the inner state has '
+            "no 'count_<field>' but a shared 'count'. If it bias-corrects by "
+            'that count (as optax.scale_by_adam does), a reset moment is '
+            "under-corrected; pass counters={field: 'count'} and reset the "
+            'moments together, or use scale_by_adam_local_age.', stacklevel=2)
     if counters is not None:
       missing = sorted(set(counter_map) - ints)
       if missing:
