@@ -34,6 +34,7 @@ import subprocess
 import sys
 from typing import Any
 
+import flax.linen
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,7 +50,6 @@ if str(ROOT) not in sys.path:
 import optax_q  # noqa: E402
 from models import data  # noqa: E402
 from models import gpt  # noqa: E402
-from models import sharding  # noqa: E402
 from models import train  # noqa: E402
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -128,11 +128,11 @@ class RunConfig:
   d_model: int = 128
   num_layers: int = 2
   num_heads: int = 4
-  seq_len: int = 128
+  seq_len: int = 64
   batch_size: int = 16
-  steps: int = 600
+  steps: int = 500
   learning_rate: float = 3e-3
-  warmup_steps: int = 60
+  warmup_steps: int = 50
   final_lr_fraction: float = 0.1
   weight_decay: float = 0.1
   clip_norm: float = 1.0
@@ -142,7 +142,7 @@ class RunConfig:
   block_size: int = 128
   min_size: int = 4096
   eval_every: int = 100
-  eval_batches: int = 16
+  eval_batches: int = 24
   max_bytes: int = data.DEFAULT_MAX_BYTES
 
 
@@ -267,6 +267,19 @@ def _make_model(d_model, num_layers, num_heads, seq_len):
                  num_heads=num_heads, max_len=seq_len)
 
 
+@functools.lru_cache(maxsize=8)
+def _param_init_fn(model: gpt.GPT):
+  tokens = jnp.zeros((1, model.max_len), jnp.int32)
+  return jax.jit(
+      lambda rng: flax.linen.meta.unbox(model.init(rng, tokens)['params']))
+
+
+def init_params(model: gpt.GPT, seed: int) -> Any:
+  """The params of ``seed`` (as :func:`models.sharding.init_params`, but the
+  jitted initialiser is compiled once per model)."""
+  return _param_init_fn(model)(jax.random.key(seed))
+
+
 def eval_batches(cfg: RunConfig, corpus: data.Corpus):
   return data.lm_eval_batches(corpus.val, cfg.batch_size, cfg.seq_len,
                               num_batches=cfg.eval_batches)
@@ -308,8 +321,7 @@ def run(
   """
   model = model or make_model(cfg)
   eval_fn = eval_fn or make_eval_fn(cfg, corpus)
-  params = sharding.init_params(
-      model, jnp.zeros((1, cfg.seq_len), jnp.int32), seed=seed)
+  params = init_params(model, seed)
   tx = make_optimizer(opt, cfg, seed)
   result = train.train(
       model, params, tx,
@@ -378,6 +390,17 @@ def git_revision() -> str:
   except (OSError, subprocess.CalledProcessError):
     return 'unknown'
   return rev + ('+dirty' if dirty else '')
+
+
+def git_modified_paths() -> list[str]:
+  """Tracked files that differ from the revision (so results can say so)."""
+  try:
+    out = subprocess.run(
+        ['git', 'status', '--porcelain', '--untracked-files=no'], cwd=ROOT,
+        capture_output=True, text=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError):
+    return []
+  return sorted(line[3:] for line in out.splitlines() if line.strip())
 
 
 def _cpu_model() -> str:

@@ -116,6 +116,7 @@ def main(argv=None):
   summary = dict(
       command=_common.command_line(__file__, argv),
       git_revision=_common.git_revision(),
+      modified_paths=_common.git_modified_paths(),
       date=_common.now_utc(),
       machine=_common.machine(),
       load_average_at_end=_common.load_average(),

@@ -56,15 +56,15 @@ CONFIGS = (
 )
 
 # Quick: a smaller model and fewer steps, still 3 seeds; for CI and the
-# README. Full: the demo's model, longer; the documented table.
+# README. Full: the demo's model and batches, twice as many steps.
 MODES = {
     'quick': _common.RunConfig(
         d_model=64, num_layers=2, num_heads=4, seq_len=64, batch_size=16,
         steps=200, learning_rate=3e-3, warmup_steps=20, eval_every=50,
         eval_batches=16),
     'full': _common.RunConfig(
-        d_model=128, num_layers=2, num_heads=4, seq_len=128, batch_size=16,
-        steps=1000, learning_rate=3e-3, warmup_steps=100, eval_every=100,
+        d_model=128, num_layers=2, num_heads=4, seq_len=64, batch_size=16,
+        steps=1000, learning_rate=3e-3, warmup_steps=100, eval_every=200,
         eval_batches=32),
 }
 
@@ -198,6 +198,9 @@ def render_markdown(meta, summary):
       f"{meta['load_average_start']} at the start, "
       f"{meta['load_average_end']} at the end",
   ]
+  if meta.get('modified_paths'):
+    lines.append('- Uncommitted changes at run time in: ' + ', '.join(
+        f'`{p}`' for p in meta['modified_paths']))
   if meta.get('note'):
     lines.append(f"- Note: {meta['note']}")
   return '\n'.join(lines) + '\n'
@@ -293,6 +296,7 @@ def main(argv=None):
   meta = dict(
       command=_common.command_line(__file__, argv),
       git_revision=_common.git_revision(),
+      modified_paths=_common.git_modified_paths(),
       date=_common.now_utc(),
       machine=_common.machine(),
       load_average_start=_common.load_average(),
