@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import optax
 
 from optax_q._src import formats as formats_lib
@@ -30,7 +31,9 @@ from optax_q._src import transform
 ScalarOrSchedule = optax.ScalarOrSchedule
 
 
-def _check_decay(value: Any, name: str) -> float:
+def _check_decay(value: Any, name: str) -> Any:
+  if isinstance(value, jax.Array):
+    return value  # traced or injected (optax.inject_hyperparams): unchecked
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise ValueError(f'{name} must be a float in [0, 1), got {value!r}.')
   if not 0.0 <= value < 1.0:

@@ -24,6 +24,7 @@ quantized, and how, is decided at ``init`` from static information only
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import dataclasses
 from typing import Any, NamedTuple, Union
 
 import jax
@@ -84,23 +85,80 @@ def path_str(path) -> str:
   return '/'.join(parts)
 
 
-def field_name(path) -> str | None:
-  """The innermost state field (``GetAttrKey``) on ``path``, e.g. ``'mu'``."""
+def field_name(path, root: Any = None) -> str | None:
+  """The innermost state field (``GetAttrKey``) on ``path``, e.g. ``'mu'``.
+
+  With ``root`` (the tree ``path`` indexes), the ``value`` attribute of a
+  box around a leaf, such as a Flax NNX ``Variable`` or a Linen
+  ``Partitioned``, is not taken for a field: under ``nnx.Optimizer`` the
+  path of a first moment is ``mu/<param path>/value``.
+  """
   name = None
+  node = root
   for k in path:
-    if isinstance(k, jax.tree_util.GetAttrKey):
+    if isinstance(k, jax.tree_util.GetAttrKey) and not (
+        root is not None and k.name == 'value' and not _is_namedtuple(node)):
       name = k.name
+    node = _child(node, k)
   return name
+
+
+def _is_namedtuple(x) -> bool:
+  return isinstance(x, tuple) and hasattr(x, '_fields')
+
+
+def _child(node, key):
+  """``node``'s child at ``key``, or None when it can't be resolved."""
+  try:
+    if isinstance(key, jax.tree_util.GetAttrKey) and _is_namedtuple(node):
+      return getattr(node, key.name)
+    if isinstance(key, jax.tree_util.DictKey) and isinstance(node, dict):
+      return node[key.key]
+    if isinstance(key, jax.tree_util.SequenceKey) and isinstance(
+        node, (list, tuple)):
+      return node[key.idx]
+    # Other nodes (boxes, dataclasses): look the key up among the children,
+    # without attribute access (which Flax deprecates for ``.value``).
+    for path, child in jax.tree_util.tree_flatten_with_path(
+        node, is_leaf=lambda y: y is not node)[0]:
+      if path == (key,):
+        return child
+  except Exception:  # pylint: disable=broad-except
+    pass
+  return None
 
 
 def _field_names(state) -> set[str]:
   names = set()
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
     if _is_float_array(leaf):
-      name = field_name(path)
+      name = field_name(path, state)
       if name is not None:
         names.add(name)
   return names
+
+
+def _is_box(x) -> bool:
+  """Whether ``x`` is a box around one float array, as an ``nnx.Variable``.
+
+  A box is a pytree node other than a NamedTuple, a container or a
+  :class:`QArray`, whose only child is a float array under the attribute
+  ``value`` (Flax NNX ``Variable``, Linen ``Partitioned``).
+  """
+  if (x is None or _is_namedtuple(x) or qarray_lib.is_qarray(x)
+      or isinstance(x, (list, tuple, dict, jax.Array, jax.ShapeDtypeStruct))
+      or jax.tree_util.all_leaves([x])):
+    return False
+  children = jax.tree_util.tree_flatten_with_path(
+      x, is_leaf=lambda y: y is not x)[0]
+  return (len(children) == 1
+          and children[0][0] == (jax.tree_util.GetAttrKey('value'),)
+          and _is_float_array(children[0][1]))
+
+
+def _rebox(box, value):
+  """``box`` with its one child replaced by ``value`` (metadata kept)."""
+  return jax.tree.structure(box).unflatten([value])
 
 
 def _is_float_array(x) -> bool:
@@ -143,9 +201,9 @@ def _probe_fields(inner: optax.GradientTransformation) -> set[str] | None:
   return _field_names(state)
 
 
-def _leaf_format(formats, path, leaf) -> Format | None:
+def _leaf_format(formats, path, leaf, root=None) -> Format | None:
   """The format of one state leaf, or None to keep it as it is."""
-  name = field_name(path)
+  name = field_name(path, root)
   if formats is None:
     return None
   if isinstance(formats, Format):
@@ -269,11 +327,17 @@ def quantize_state(
   block_size = formats_lib.check_block_size(block_size)
   if scale is not None:
     scale = formats_lib.check_scale(scale)
+  static_hint = (' (Under optax.inject_hyperparams, list it in static_args: '
+                 'it decides the state layout.)')
   if not isinstance(seed, int) or isinstance(seed, bool):
-    raise ValueError(f'seed must be an int, got {seed!r}.')
+    raise ValueError(
+        f'seed must be a Python int, got {seed!r}.'
+        + (static_hint if isinstance(seed, jax.Array) else ''))
   if (not isinstance(min_size, int) or isinstance(min_size, bool)
       or min_size < 0):
-    raise ValueError(f'min_size must be a non-negative int, got {min_size!r}.')
+    raise ValueError(
+        f'min_size must be a non-negative Python int, got {min_size!r}.'
+        + (static_hint if isinstance(min_size, jax.Array) else ''))
   if isinstance(formats, Mapping):
     known = _probe_fields(inner)
     if known is not None:
@@ -291,16 +355,30 @@ def quantize_state(
     state = inner.init(params)
 
     def quantize_leaf(path, leaf):
+      box = None
+      if _is_box(leaf):  # e.g. an nnx.Variable: quantize what it holds
+        box, leaf = leaf, jax.tree.leaves(leaf)[0]
+        path = (*path, jax.tree_util.GetAttrKey('value'))
       if not _is_float_array(leaf) or leaf.size < max(min_size, 1):
-        return leaf
-      fmt = _leaf_format(formats, path, leaf)
+        return leaf if box is None else box
+      fmt = _leaf_format(formats, path, leaf, state)
       if fmt is None or fmt.is_identity:
-        return leaf
+        return leaf if box is None else box
       scale_mode = scale or qarray_lib.default_scale_mode(fmt)
       qarray_lib._check_layout(fmt, scale_mode)  # pylint: disable=protected-access
-      return encode_new(leaf, fmt, scale_mode, None)
+      q = encode_new(leaf, fmt, scale_mode, None)
+      if box is not None:
+        # The box (with its metadata, e.g. a sharding) goes around the codes
+        # and around the scales, never around the QArray: the codes and
+        # scales have the param's rank, and Flax NNX's ``nnx.update`` would
+        # turn a QArray held in a Variable into a plain State.
+        q = dataclasses.replace(
+            q, codes=_rebox(box, q.codes),
+            scale=None if q.scale is None else _rebox(box, q.scale))
+      return q
 
-    qstate = jax.tree_util.tree_map_with_path(quantize_leaf, state)
+    qstate = jax.tree_util.tree_map_with_path(
+        quantize_leaf, state, is_leaf=_is_box)
     stalled = _stall_tree(qstate, None) if track_stalls else None
     return QuantizedState(
         count=jnp.zeros([], jnp.int32), inner_state=qstate, stalled=stalled)
