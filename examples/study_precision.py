@@ -207,41 +207,70 @@ def render_markdown(meta, summary):
 
 
 def plot_frontier(summary, path, title):
-  """Final validation loss against state bits per element."""
+  """Final loss, and the paired gap to fp32, against state bits/element."""
   # pylint: disable-next=import-outside-toplevel
   from matplotlib.figure import Figure
-  fig = Figure(figsize=(7, 4.5), layout='constrained')
-  ax = fig.subplots()
+  fig = Figure(figsize=(11, 4.5), layout='constrained')
+  ax_loss, ax_gap = fig.subplots(1, 2)
   base = next((s for s in summary if s['config'] == 'fp32'), None)
   if base is not None:
-    ax.axhspan(base['mean_val_loss'] - base['std_val_loss'],
-               base['mean_val_loss'] + base['std_val_loss'],
-               color='0.85', label='fp32 ± seed std')
+    ax_loss.axhspan(base['mean_val_loss'] - base['std_val_loss'],
+                    base['mean_val_loss'] + base['std_val_loss'],
+                    color='0.88', label='fp32 ± seed std')
+  ax_gap.axhline(0.0, color='0.5', lw=1)
+  for bound, style in ((0.5, '--'), (1.0, ':')):
+    ax_gap.axhline(bound, color='k', ls=style, lw=0.8,
+                   label=f'+{bound:g}% target')
   families = {}
   for s in summary:
-    fam = s['config'].split('/')[0]
-    families.setdefault(fam, len(families))
+    families.setdefault(s['config'].split('/')[0], len(families))
   for s in summary:
     fam, _, tag = s['config'].partition('/')
     color = f'C{families[fam] % 10}'
     filled = tag != 'rn'
-    ax.errorbar(
-        s['state_bits_per_element'], s['mean_val_loss'],
-        yerr=s['std_val_loss'], fmt='o' if filled else 's', color=color,
-        mfc=color if filled else 'white', ms=7, capsize=3,
-        label=s['config'])
-  ax.set_xscale('log', base=2)
-  ax.set_xticks([4, 8, 16, 32])
-  ax.set_xticklabels(['4', '8', '16', '32'])
-  ax.set_xlabel('optimizer-state bits per moment element')
-  ax.set_ylabel('final validation loss (nats/byte)')
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8, ncol=2)
-  ax.set_title(title, fontsize=10)
+    # Formats with equal bits sit side by side: spread them a little.
+    x = s['state_bits_per_element'] * 2 ** (
+        0.03 * (families[fam] % 3 - 1) + (0.012 if filled else -0.012))
+    style = dict(fmt='o' if filled else 's', color=color, ms=7, capsize=3,
+                 mfc=color if filled else 'white', label=s['config'])
+    ax_loss.errorbar(x, s['mean_val_loss'], yerr=s['std_val_loss'], **style)
+    if s['config'] != 'fp32':
+      ax_gap.errorbar(x, 100 * s['mean_rel_gap'],
+                      yerr=100 * s['std_gap'] / s['mean_val_loss'], **style)
+  for ax in (ax_loss, ax_gap):
+    ax.set_xscale('log', base=2)
+    ax.set_xticks([4, 8, 16, 32])
+    ax.set_xticklabels(['4', '8', '16', '32'])
+    ax.set_xlabel('optimizer-state bits per moment element')
+    ax.grid(alpha=0.3)
+  ax_loss.set_ylabel('final validation loss (nats/byte), mean ± std')
+  ax_gap.set_ylabel('gap to fp32 in the same seed (%), mean ± std')
+  ax_loss.legend(fontsize=7, ncol=2)
+  ax_gap.legend(fontsize=7, ncol=2)
+  fig.suptitle(title, fontsize=10)
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=110)
   return path
+
+
+def write_outputs(result, out, doc):
+  """``precision.{json,md,png}`` in ``out``; the results block of ``doc``."""
+  out = pathlib.Path(out)
+  (out / f'{NAME}.json').write_text(json.dumps(result, indent=1) + '\n')
+  md = render_markdown(result, result['summary'])
+  (out / f'{NAME}.md').write_text(
+      f"# Precision study ({result['mode']} mode)\n\n"
+      f'Written by `examples/study_precision.py`; do not edit.\n\n' + md)
+  cfg = result['run_config']
+  plot_frontier(
+      result['summary'], out / f'{NAME}.png',
+      f"Precision study, {result['mode']} mode: GPT "
+      f"{result['num_params'] / 1e6:.2f}M params, {cfg['steps']} steps, "
+      f"{len(result['seeds'])} seeds")
+  if doc:
+    update_doc(doc, md)
+  return md
 
 
 def update_doc(doc, results_md):
@@ -275,6 +304,10 @@ def main(argv=None):
       help="page whose results block is refreshed ('' for none)")
   parser.add_argument('--note', default='',
                       help='a remark recorded with the results')
+  parser.add_argument(
+      '--render', action='store_true',
+      help='only re-render the table, plot and doc from the JSON in '
+      '--results-dir (no training)')
   parser.add_argument('--no-progress', action='store_true')
   parser.add_argument('--data', default=None,
                       help='train on this text file instead of the stdlib')
@@ -289,6 +322,11 @@ def main(argv=None):
     parser.error("the first config must be 'fp32' (the baseline)")
   opts = [_common.parse_config(c) for c in args.configs]
   out = pathlib.Path(args.results_dir)
+  if args.render:
+    result = json.loads((out / f'{NAME}.json').read_text())
+    result['summary'] = summarize(result['rows'])
+    print(write_outputs(result, out, args.doc))
+    return result
   out.mkdir(parents=True, exist_ok=True)
   partial = out / f'{NAME}.partial.json'
 
@@ -338,18 +376,8 @@ def main(argv=None):
   result = dict(meta, targets={k: dict(rel_gap=b, or_within_seed_spread=o)
                                for k, (b, o) in TARGETS.items()},
                 summary=summary, rows=rows)
-  (out / f'{NAME}.json').write_text(json.dumps(result, indent=1) + '\n')
-  md = render_markdown(meta, summary)
-  (out / f'{NAME}.md').write_text(
-      f'# Precision study ({args.mode} mode)\n\n'
-      f'Written by `examples/study_precision.py`; do not edit.\n\n' + md)
-  plot_frontier(
-      summary, out / f'{NAME}.png',
-      f"{args.mode} mode: GPT {meta['num_params'] / 1e6:.2f}M params, "
-      f'{cfg.steps} steps, {len(args.seeds)} seeds')
+  md = write_outputs(result, out, args.doc)
   partial.unlink(missing_ok=True)
-  if args.doc:
-    update_doc(args.doc, md)
   print()
   print(md)
   return result
