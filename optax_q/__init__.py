@@ -29,6 +29,7 @@ from optax_q._src.resets import reset_where
 from optax_q._src.resets import ResetState
 from optax_q._src.resets import scale_by_adam_local_age
 from optax_q._src.resets import ScaleByAdamLocalAgeState
+from optax_q._src.sharding import state_shardings
 from optax_q._src.telemetry import stall_fraction
 from optax_q._src.telemetry import state_bits_per_element
 from optax_q._src.telemetry import state_nbytes
@@ -59,5 +60,5 @@ __all__ = (
     'state_bits_per_element', 'state_nbytes', 'statistical_error',
     'transient_stall_probability',
     'reset_state', 'reset_where', 'ResetState', 'scale_by_adam_local_age',
-    'ScaleByAdamLocalAgeState',
+    'ScaleByAdamLocalAgeState', 'state_shardings',
 )

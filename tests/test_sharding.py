@@ -1,0 +1,239 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Quantized state on a 4x2 ('data', 'model') mesh of 8 simulated CPU devices.
+
+XLA reads ``--xla_force_host_platform_device_count`` when the CPU backend is
+first created, so the flag is set here, before jax is imported. Under pytest
+(and pytest-xdist) another module may have created the backend first, with
+fewer devices; then the sharded tests skip in this process and
+``SubprocessTest`` runs them again in a fresh interpreter with the flag set,
+so they always run somewhere.
+"""
+
+import os
+
+_FLAG = '--xla_force_host_platform_device_count=8'
+if _FLAG not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = (
+      os.environ.get('XLA_FLAGS', '') + ' ' + _FLAG).strip()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from absl.testing import absltest  # noqa: E402
+from absl.testing import parameterized  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import AxisType  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import optax_q  # noqa: E402
+
+# A transformer-like tree. With block_size=32 every sharded last axis still
+# divides by its mesh axes after blocking (and after nibble packing).
+PARAMS = {
+    'embed': ((64, 256), P('data', 'model')),
+    'qkv': ((128, 384), P('data', 'model')),
+    'mlp_out': ((256, 128), P('model', 'data')),
+    'ln_scale': ((256,), P('model')),
+}
+
+
+def _skip_unless_8_devices(test):
+  if jax.device_count() < 8:
+    test.skipTest(
+        f'jax was initialised with {jax.device_count()} device(s) before '
+        'this module set XLA_FLAGS; SubprocessTest runs these tests in a '
+        'fresh process with 8 devices')
+
+
+def _mesh():
+  return jax.make_mesh((4, 2), ('data', 'model'),
+                       axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def _params(layout):
+  key = jax.random.key(0)
+  return {name: jax.random.normal(jax.random.fold_in(key, i), shape) * 0.1
+          for i, (name, (shape, _)) in enumerate(sorted(layout.items()))}
+
+
+def _grads(step, params):
+  key = jax.random.fold_in(jax.random.key(1), step)
+  return {name: jax.random.normal(jax.random.fold_in(key, i), p.shape)
+          for i, (name, p) in enumerate(sorted(params.items()))}
+
+
+def _step_fn(tx):
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+  return step
+
+
+def _assert_trees_equal(a, b):
+  la, ta = jax.tree.flatten(a)
+  lb, tb = jax.tree.flatten(b)
+  assert ta == tb, (ta, tb)
+  for x, y in zip(la, lb, strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _run_both(tx, layout, *, steps=2, strict=True):
+  """Sharded and unsharded runs: (sharded, unsharded, shardings, hlo)."""
+  mesh = _mesh()
+  params = _params(layout)
+  param_shardings = {n: NamedSharding(mesh, spec)
+                     for n, (_, spec) in layout.items()}
+  abstract = jax.eval_shape(tx.init, params)
+  shardings = optax_q.state_shardings(abstract, param_shardings,
+                                      strict=strict)
+  init = jax.jit(tx.init, in_shardings=(param_shardings,),
+                 out_shardings=shardings)
+  sharded_params = jax.device_put(params, param_shardings)
+  state = init(sharded_params)
+  grads = [jax.device_put(_grads(i, params), param_shardings)
+           for i in range(steps)]
+  step = jax.jit(
+      _step_fn(tx),
+      in_shardings=(param_shardings, shardings, param_shardings),
+      out_shardings=(param_shardings, shardings)).lower(
+          sharded_params, state, grads[0]).compile()
+  p = sharded_params
+  for g in grads:
+    p, state = step(p, state, g)
+  sharded = (p, state)
+
+  p, state = params, jax.jit(tx.init)(params)
+  plain_step = jax.jit(_step_fn(tx))
+  for i in range(steps):
+    p, state = plain_step(p, state, _grads(i, params))
+  return sharded, (p, state), shardings, step.as_text()
+
+
+class ShardedUpdateTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    _skip_unless_8_devices(self)
+
+  @parameterized.named_parameters(
+      ('int4_fp8_stochastic', 'int4', 'fp8_e4m3', 'stochastic'),
+      ('int8_dynamic_nearest', 'int8_dynamic', 'int8_dynamic', 'nearest'),
+  )
+  def test_matches_unsharded_without_all_gather(self, mu, nu, rounding):
+    tx = optax_q.adamw(1e-2, mu_format=mu, nu_format=nu, rounding=rounding,
+                       block_size=32, min_size=0)
+    sharded, plain, shardings, hlo = _run_both(tx, PARAMS)
+    # Bit for bit: the stochastic-rounding bits are a hash of the global
+    # element index, whatever the mesh.
+    _assert_trees_equal(sharded, plain)
+    # Block-wise formats whose blocks lie inside a shard: no all-gather.
+    # (One all-reduce per leaf remains, for the stalled-fraction scalar.)
+    self.assertNotIn('all-gather', hlo)
+    self.assertNotIn('all-to-all', hlo)
+    # Codes and scales carry the parameter's PartitionSpec.
+    params, state = sharded
+    for name, (_, spec) in PARAMS.items():
+      self.assertEqual(params[name].sharding.spec, spec)
+      for field in ('mu', 'nu'):
+        q = getattr(state[0].inner_state, field)[name]
+        self.assertTrue(optax_q.is_qarray(q))
+        self.assertEqual(q.codes.sharding.spec, spec, (field, name))
+        self.assertEqual(q.scale.sharding.spec, spec, (field, name))
+        want = getattr(shardings[0].inner_state, field)[name]
+        self.assertEqual(q.codes.sharding, want.codes)
+        self.assertEqual(q.scale.sharding, want.scale)
+    self.assertEqual(state[0].count.sharding.spec, P())
+    self.assertEqual(state[0].stalled.mu['qkv'].sharding.spec, P())
+    q = state[0].inner_state.mu['qkv']
+    self.assertEqual(q.codes.shape, (128, 192) if mu == 'int4' else (128, 384))
+    self.assertEqual(q.scale.shape, (128, 12))
+    # Each device holds its own block of codes: 128/4 rows, a half of
+    # the columns.
+    self.assertEqual(q.codes.addressable_shards[0].data.shape,
+                     (32, q.codes.shape[1] // 2))
+
+  def test_last_axis_indivisible_after_blocking(self):
+    # 96 / 32 = 3 blocks, which the 2-way 'model' axis can't split.
+    layout = {'odd': ((64, 96), P('data', 'model')),
+              'embed': PARAMS['embed']}
+    tx = optax_q.adamw(1e-2, mu_format='int8', nu_format='fp8_e4m3',
+                       block_size=32, min_size=0)
+    abstract = jax.eval_shape(tx.init, _params(layout))
+    param_shardings = {n: NamedSharding(_mesh(), spec)
+                       for n, (_, spec) in layout.items()}
+    with self.assertRaisesRegex(
+        ValueError, r"mu\['odd'\] \(scales\): axis 1 has 3"):
+      optax_q.state_shardings(abstract, param_shardings, strict=True)
+    # By default that axis of the scales is replicated, and it still works.
+    sharded, plain, shardings, _ = _run_both(tx, layout, strict=False)
+    _assert_trees_equal(sharded, plain)
+    q = shardings[0].inner_state.mu['odd']
+    self.assertEqual(q.codes.spec, P('data', 'model'))
+    self.assertEqual(q.scale.spec, P('data', None))
+    q = shardings[0].inner_state.mu['embed']
+    self.assertEqual(q.scale.spec, P('data', 'model'))
+
+
+class StateShardingsTest(absltest.TestCase):
+
+  def test_masked_partitioned_and_row_scales(self):
+    mesh = jax.make_mesh((1,), ('model',), devices=jax.devices()[:1])
+    params = {'w': jnp.zeros((8, 256)), 'b': jnp.zeros((256,))}
+    param_shardings = {'w': NamedSharding(mesh, P(None, 'model')),
+                       'b': NamedSharding(mesh, P('model'))}
+    tx = optax.chain(
+        optax.masked(
+            optax_q.quantize_state(optax.scale_by_adam(), 'int8',
+                                   scale='row', min_size=0),
+            {'w': True, 'b': False}),
+        optax.add_decayed_weights(0.1))
+    abstract = jax.eval_shape(tx.init, params)
+    shardings = optax_q.state_shardings(abstract, param_shardings,
+                                        strict=True)
+    inner = shardings[0].inner_state.inner_state
+    self.assertEqual(inner.mu['w'].codes.spec, P(None, 'model'))
+    self.assertEqual(inner.mu['w'].scale.spec, P(None, 'model'))
+    self.assertIsInstance(inner.mu['b'], optax.MaskedNode)
+    self.assertEqual(jax.tree.structure(shardings),
+                     jax.tree.structure(abstract))
+    with self.assertRaisesRegex(ValueError, 'NamedSharding'):
+      optax_q.state_shardings(abstract, {'w': P(), 'b': P()})
+
+
+class SubprocessTest(absltest.TestCase):
+
+  def test_sharded_tests_on_8_devices(self):
+    if jax.device_count() >= 8:
+      self.skipTest('the sharded tests run in this process')
+    env = dict(os.environ, XLA_FLAGS=_FLAG, JAX_PLATFORMS='cpu')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, '-m', 'pytest', os.path.abspath(__file__), '-q',
+         '-p', 'no:cacheprovider', '-p', 'no:xdist', '-k',
+         'not SubprocessTest'],
+        env=env, cwd=root, capture_output=True, text=True, timeout=600,
+        check=False)
+    output = result.stdout[-4000:] + result.stderr[-4000:]
+    self.assertEqual(result.returncode, 0, output)
+    self.assertNotIn('skipped', result.stdout.splitlines()[-1], output)
+
+
+if __name__ == '__main__':
+  absltest.main()
