@@ -130,8 +130,12 @@ def main(argv=None):
   print()
   print(_common.text_table(HEADER, table_rows(rows)))
   print()
-  print('quantized: fraction of state elements held in low precision '
-        '(leaves under min_size stay float32).')
+  quant = max(rows, key=lambda r: r['quantized_elements'])
+  print(f"quantized: fraction of moment elements held in low precision; "
+        f"{100 * quant['quantized_leaves']:.0f}% of the moment leaves hold "
+        f"{100 * quant['quantized_elements']:.1f}% of the elements, the rest "
+        f'(biases, LayerNorm) are under min_size={cfg.min_size} and stay '
+        'float32.')
   print(f'wrote {plot}, {out / "metrics.json"} '
         f'(total {wall_s:.0f} s)')
   return summary

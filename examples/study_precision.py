@@ -59,7 +59,7 @@ CONFIGS = (
 # README. Full: the demo's model and batches, twice as many steps.
 MODES = {
     'quick': _common.RunConfig(
-        d_model=64, num_layers=2, num_heads=4, seq_len=64, batch_size=16,
+        d_model=64, num_layers=1, num_heads=4, seq_len=64, batch_size=16,
         steps=200, learning_rate=3e-3, warmup_steps=20, eval_every=50,
         eval_batches=16),
     'full': _common.RunConfig(
