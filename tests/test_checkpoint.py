@@ -1,0 +1,175 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Orbax checkpoints of quantized optimizer state, and exact resumption.
+
+The state is plain arrays (codes, float32 scales, counters) in pytree
+containers whose formats are static, and stochastic rounding draws its bits
+from ``(seed, step, leaf, element)``, with no PRNG key in the state. So a run
+that is saved, restored into the abstract state of ``jax.eval_shape`` and
+continued must repeat the uninterrupted run bit for bit.
+"""
+
+import os
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+import optax_q
+
+STEPS = 4
+SAVE_AT = 2
+
+
+def _params():
+  k1, k2 = jax.random.split(jax.random.key(0))
+  return {
+      'w': jax.random.normal(k1, (16, 256)) * 0.1,
+      'b': jax.random.normal(k2, (256,)) * 0.1,
+  }
+
+
+def _grads(step, params):
+  key = jax.random.fold_in(jax.random.key(1), step)
+  return {name: jax.random.normal(jax.random.fold_in(key, i), p.shape)
+          for i, (name, p) in enumerate(sorted(params.items()))}
+
+
+def _assert_trees_equal(a, b):
+  la, ta = jax.tree.flatten(a)
+  lb, tb = jax.tree.flatten(b)
+  assert ta == tb, (ta, tb)
+  for x, y in zip(la, lb, strict=True):
+    assert x.dtype == y.dtype, (x.dtype, y.dtype)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _save(path, tree):
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(path, tree)
+
+
+def _restore(path, abstract):
+  with ocp.StandardCheckpointer() as ckptr:
+    return ckptr.restore(path, abstract)
+
+
+class CheckpointTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('int8_dynamic', 'int8_dynamic', 'int8_dynamic', 'stochastic'),
+      ('fp8', 'fp8_e4m3', 'fp8_e5m2', 'stochastic'),
+      ('int4_packed', 'int4', 'fp4_e2m2u', 'stochastic'),
+      ('fp4_nearest', 'fp4_e2m1', 'int4', 'nearest'),
+  )
+  def test_resumed_run_is_bit_identical(self, mu, nu, rounding):
+    tx = optax_q.adamw(1e-2, mu_format=mu, nu_format=nu, rounding=rounding,
+                       seed=7, min_size=0)
+    params = _params()
+
+    @jax.jit
+    def step(params, state, grads):
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+    def train(params, state, start, stop):
+      for i in range(start, stop):
+        params, state = step(params, state, _grads(i, params))
+      return params, state
+
+    init = jax.jit(tx.init)
+    want = train(params, init(params), 0, STEPS)
+
+    p, s = train(params, init(params), 0, SAVE_AT)
+    self.assertLen(optax_q.quantized_leaves(s), 4)
+    abstract = jax.eval_shape(
+        lambda p: {'params': p, 'opt_state': tx.init(p)}, params)
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, f'step_{SAVE_AT}')
+      _save(path, {'params': p, 'opt_state': s})
+      restored = _restore(path, abstract)
+    # Codes (uint8 nibble pairs, float8, ...), scales and counters come back
+    # exactly, with their dtypes, into the layout of the abstract state.
+    _assert_trees_equal(restored, {'params': p, 'opt_state': s})
+    q = restored['opt_state'][0].inner_state.mu['w']
+    self.assertTrue(optax_q.is_qarray(q))
+    self.assertEqual(q.fmt, optax_q.get_format(mu))
+    got = train(restored['params'], restored['opt_state'], SAVE_AT, STEPS)
+    _assert_trees_equal(got, want)
+    self.assertEqual(int(got[1][0].count), STEPS)
+
+  def test_checkpoint_manager_and_state_bytes(self):
+    tx = optax_q.adamw(1e-2, mu_format='int4', nu_format='int8_dynamic',
+                       min_size=0)
+    params = _params()
+    state = jax.jit(tx.init)(params)
+    _, state = jax.jit(tx.update)(_grads(0, params), state, params)
+    with tempfile.TemporaryDirectory() as tmp:
+      with ocp.CheckpointManager(
+          tmp, options=ocp.CheckpointManagerOptions(max_to_keep=1)) as mngr:
+        mngr.save(1, args=ocp.args.StandardSave(state))
+        mngr.wait_until_finished()
+        self.assertEqual(mngr.latest_step(), 1)
+        restored = mngr.restore(
+            1, args=ocp.args.StandardRestore(
+                jax.eval_shape(tx.init, params)))
+    _assert_trees_equal(restored, state)
+    # 4-bit codes stay packed: half a byte per element, plus the scales.
+    self.assertEqual(optax_q.state_nbytes(restored),
+                     optax_q.state_nbytes(state))
+    self.assertEqual(restored[0].inner_state.mu['w'].codes.shape, (16, 128))
+
+  def test_nnx_optimizer_roundtrip(self):
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+
+    def make():
+      model = nnx.Linear(8, 256, rngs=nnx.Rngs(0))
+      tx = optax_q.adamw(1e-2, mu_format='fp8_e4m3', nu_format='int4',
+                         min_size=0)
+      return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+    x = jax.random.normal(jax.random.key(2), (16, 8))
+
+    @nnx.jit
+    def train_step(model, opt):
+      grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
+      opt.update(model, grads)
+
+    model, opt = make()
+    for _ in range(SAVE_AT):
+      train_step(model, opt)
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, 'nnx')
+      _save(path, nnx.state((model, opt)))
+      model2, opt2 = make()
+      abstract = jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+          nnx.state((model2, opt2)))
+      nnx.update((model2, opt2), _restore(path, abstract))
+    for _ in range(STEPS - SAVE_AT):
+      train_step(model, opt)
+      train_step(model2, opt2)
+    _assert_trees_equal(nnx.state((model2, opt2)), nnx.state((model, opt)))
+    q = opt2.opt_state[0].inner_state.nu['kernel']
+    self.assertTrue(optax_q.is_qarray(q))
+    self.assertEqual(q.codes.get_value().shape, (8, 128))
+
+
+if __name__ == '__main__':
+  absltest.main()
