@@ -90,6 +90,7 @@ def main(argv=None):
   out.mkdir(parents=True, exist_ok=True)
 
   t_start = time.perf_counter()
+  load_start = _common.load_average()
   corpus = _common.load_corpus(cfg, args.data)
   model = _common.make_model(cfg)
   eval_fn = _common.make_eval_fn(cfg, corpus)
@@ -119,6 +120,7 @@ def main(argv=None):
       modified_paths=_common.git_modified_paths(),
       date=_common.now_utc(),
       machine=_common.machine(),
+      load_average_at_start=load_start,
       load_average_at_end=_common.load_average(),
       wall_s=wall_s,
       run_config=dataclasses.asdict(cfg),

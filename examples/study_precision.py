@@ -79,8 +79,14 @@ OVERRIDES = ('d_model', 'num_layers', 'num_heads', 'seq_len', 'batch_size',
              'steps', 'eval_every', 'eval_batches', 'max_bytes')
 
 NAME = 'precision'
-DOC_BEGIN = '<!-- precision-results:begin -->'
-DOC_END = '<!-- precision-results:end -->'
+
+
+def doc_markers(name: str = NAME) -> tuple[str, str]:
+  """The comments that delimit the results block of ``name`` in a page."""
+  return f'<!-- {name}-results:begin -->', f'<!-- {name}-results:end -->'
+
+
+DOC_BEGIN, DOC_END = doc_markers()
 
 
 # ----------------------------------------------------------------------------
@@ -254,33 +260,34 @@ def plot_frontier(summary, path, title):
   return path
 
 
-def write_outputs(result, out, doc):
-  """``precision.{json,md,png}`` in ``out``; the results block of ``doc``."""
+def write_outputs(result, out, doc, name=NAME):
+  """``<name>.{json,md,png}`` in ``out``; the results block of ``doc``."""
   out = pathlib.Path(out)
-  (out / f'{NAME}.json').write_text(json.dumps(result, indent=1) + '\n')
+  (out / f'{name}.json').write_text(json.dumps(result, indent=1) + '\n')
   md = render_markdown(result, result['summary'])
-  (out / f'{NAME}.md').write_text(
+  (out / f'{name}.md').write_text(
       f"# Precision study ({result['mode']} mode)\n\n"
       f'Written by `examples/study_precision.py`; do not edit.\n\n' + md)
   cfg = result['run_config']
   plot_frontier(
-      result['summary'], out / f'{NAME}.png',
+      result['summary'], out / f'{name}.png',
       f"Precision study, {result['mode']} mode: GPT "
       f"{result['num_params'] / 1e6:.2f}M params, {cfg['steps']} steps, "
       f"{len(result['seeds'])} seeds")
   if doc:
-    update_doc(doc, md)
+    update_doc(doc, md, name)
   return md
 
 
-def update_doc(doc, results_md):
+def update_doc(doc, results_md, name=NAME):
   """Replace the block between the markers of ``doc`` with the results."""
+  begin, end = doc_markers(name)
   doc = pathlib.Path(doc)
   text = doc.read_text()
-  if DOC_BEGIN not in text or DOC_END not in text:
-    raise ValueError(f'{doc} has no {DOC_BEGIN} ... {DOC_END} block')
-  block = f'{DOC_BEGIN}\n{results_md}{DOC_END}'
-  text = re.sub(re.escape(DOC_BEGIN) + '.*?' + re.escape(DOC_END),
+  if begin not in text or end not in text:
+    raise ValueError(f'{doc} has no {begin} ... {end} block')
+  block = f'{begin}\n{results_md}{end}'
+  text = re.sub(re.escape(begin) + '.*?' + re.escape(end),
                 lambda _: block, text, flags=re.S)
   doc.write_text(text)
 
@@ -299,6 +306,9 @@ def main(argv=None):
   parser.add_argument('--configs', nargs='+', default=list(CONFIGS),
                       help="'fp32' first, then <mu>[+<nu>]/<rn|sr>")
   parser.add_argument('--results-dir', default='docs/results')
+  parser.add_argument(
+      '--name', default=NAME,
+      help='stem of the result files and name of the doc block')
   parser.add_argument(
       '--doc', default='docs/precision.md',
       help="page whose results block is refreshed ('' for none)")
@@ -323,12 +333,12 @@ def main(argv=None):
   opts = [_common.parse_config(c) for c in args.configs]
   out = pathlib.Path(args.results_dir)
   if args.render:
-    result = json.loads((out / f'{NAME}.json').read_text())
+    result = json.loads((out / f'{args.name}.json').read_text())
     result['summary'] = summarize(result['rows'])
-    print(write_outputs(result, out, args.doc))
+    print(write_outputs(result, out, args.doc, args.name))
     return result
   out.mkdir(parents=True, exist_ok=True)
-  partial = out / f'{NAME}.partial.json'
+  partial = out / f'{args.name}.partial.json'
 
   t_start = time.perf_counter()
   meta = dict(
@@ -376,7 +386,7 @@ def main(argv=None):
   result = dict(meta, targets={k: dict(rel_gap=b, or_within_seed_spread=o)
                                for k, (b, o) in TARGETS.items()},
                 summary=summary, rows=rows)
-  md = write_outputs(result, out, args.doc)
+  md = write_outputs(result, out, args.doc, args.name)
   partial.unlink(missing_ok=True)
   print()
   print(md)
