@@ -18,6 +18,7 @@ the reset happens after the K-th update of a cycle, and the next update
 bias-corrects with local age 1, like a fresh Adam moment.
 """
 
+import functools
 import warnings
 
 from absl.testing import absltest
@@ -311,6 +312,21 @@ class ArgumentTest(parameterized.TestCase):
   def test_traced_period_names_static_args(self):
     with self.assertRaisesRegex(ValueError, 'static_args'):
       _adamw(reset_every=jnp.asarray(3))
+
+  def test_inject_hyperparams(self):
+    static = ('reset_every', 'block_size', 'min_size', 'seed')
+    make = functools.partial(
+        optax.inject_hyperparams(optax_q.adamw, static_args=static,
+                                 hyperparam_dtype=jnp.float32),
+        learning_rate=1e-3, mu_format='fp8_e4m3', nu_format='fp8_e4m3',
+        min_size=0)
+    tx = make(reset_every=2)  # b1, b2, eps are injected (traced) here.
+    step = _stepper(tx)
+    _, state = _run(tx, _params(), 3, step=step)
+    self.assertEqual(int(state.inner_state[0].resets['nu']), 1)
+    self.assertEqual(step._cache_size(), 1)  # pylint: disable=protected-access
+    with self.assertRaisesRegex(ValueError, 'static_args'):
+      make(reset_every='auto').init(_params())
 
   def test_unknown_moment(self):
     with self.assertRaisesRegex(ValueError, r"unknown moment.*'xi'"):

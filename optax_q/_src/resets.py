@@ -187,7 +187,9 @@ def _check_period(value: Any, name: str, allowed: tuple[str, ...]) -> Any:
   return int(value)
 
 
-def _check_unit(value: Any, name: str) -> float:
+def _check_unit(value: Any, name: str) -> Any:
+  if isinstance(value, jax.Array):
+    return value  # Injected (optax.inject_hyperparams) or traced: unchecked.
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise ValueError(f'{name} must be a float in (0, 1), got {value!r}.')
   if not 0.0 < float(value) < 1.0:
@@ -449,7 +451,8 @@ def reset_state(
       if periods[f] == ADAPTIVE:
         p = _stalled_fraction(state.inner_state, new_inner, f)
         a = a + jnp.maximum((p / p_ss - s0) / (1.0 - s0), 0.0)
-        bk = jnp.power(jnp.float32(decay), k.astype(jnp.float32))
+        bk = jnp.power(jnp.asarray(decay, jnp.float32),
+                       k.astype(jnp.float32))
         flag = a / k.astype(jnp.float32) >= 2.0 * bk / (1.0 + bk)
       else:
         flag = k >= periods[f]
@@ -623,6 +626,11 @@ def resolve_reset_every(
   out = {}
   for f, p in raw.items():
     if p == AUTO:
+      if isinstance(b2, jax.Array):
+        raise ValueError(
+            "reset_every='auto' needs a concrete b2 to compute K* when the "
+            'optimizer is built; under optax.inject_hyperparams list b2 in '
+            'static_args, or pass an int period.')
       fmt = nu_format if nu_format is not None else 'fp32'
       name = getattr(fmt, 'name', fmt)
       try:
@@ -644,7 +652,7 @@ def resolve_reset_every(
   if out and fmt is not None and not getattr(fmt, 'is_identity', False):
     try:
       p_ss = theory.stall_probability(fmt, b2, rounding)
-    except ValueError:
+    except (ValueError, TypeError, jax.errors.ConcretizationTypeError):
       p_ss = None
     if p_ss is not None and p_ss < 0.5:
       warnings.warn(
