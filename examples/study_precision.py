@@ -45,8 +45,6 @@ import time
 
 import _common  # pylint: disable=g-bad-import-order
 
-from models import train  # pylint: disable=g-bad-import-order
-
 CONFIGS = (
     'fp32',
     'bf16/rn', 'bf16/sr',
