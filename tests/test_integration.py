@@ -401,6 +401,34 @@ class FlaxTest(absltest.TestCase):
     _assert_trees_equal(ts.opt_state, s)
 
 
+  def test_linen_logical_partitioning(self):
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
+
+    class Model(nn.Module):
+
+      @nn.compact
+      def __call__(self, x):
+        return nn.Dense(256, kernel_init=nn.with_logical_partitioning(
+            nn.initializers.lecun_normal(), ('embed', 'mlp')))(x)
+
+    tx = optax_q.adamw(1e-3, mu_format='int4', min_size=1024)
+
+    def init(key):
+      params = Model().init(key, jnp.ones((2, 16)))['params']
+      return tx.init(params)
+
+    # MaxText-style: logical specs from the abstract (boxed) state. Codes
+    # and scales of the quantized kernel share the kernel's logical axes.
+    specs = nn.get_partition_spec(jax.eval_shape(init, jax.random.key(0)))
+    mu = specs[0].inner_state.mu['Dense_0']
+    self.assertTrue(optax_q.is_qarray(mu['kernel']))
+    self.assertEqual(mu['kernel'].codes, P('embed', 'mlp'))
+    self.assertEqual(mu['kernel'].scale, P('embed', 'mlp'))
+    self.assertEqual(mu['kernel'].shape, (16, 256))
+    self.assertEqual(mu['bias'], P())  # Small: stays float32, unboxed.
+    self.assertEqual(specs[0].stalled.mu['Dense_0']['kernel'], P())
+
+
 class JaxApisTest(parameterized.TestCase):
 
   def test_tree_map_params_with_is_leaf(self):

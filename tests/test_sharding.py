@@ -190,6 +190,40 @@ class ShardedUpdateTest(parameterized.TestCase):
     self.assertEqual(q.scale.spec, P('model'))
 
 
+class ExplicitMeshTest(absltest.TestCase):
+  """jax.make_mesh's default axis types (Explicit): shardings in the types."""
+
+  def setUp(self):
+    super().setUp()
+    _skip_unless_8_devices(self)
+
+  def test_types_stable_and_values_match(self):
+    # Codebook formats (int8_dynamic, fp4_e2m1) are left out: their
+    # searchsorted fails to trace on explicit meshes (see the issue notes).
+    mesh = jax.make_mesh((4, 2), ('data', 'model'))
+    layout = {'qkv': PARAMS['qkv'], 'ln_scale': PARAMS['ln_scale']}
+    params = _params(layout)
+    tx = optax_q.adamw(1e-2, mu_format='int4', nu_format='fp8_e4m3',
+                       block_size=32, min_size=0)
+    step = jax.jit(_step_fn(tx))
+    grads = _grads(0, params)
+    p, s = params, jax.jit(tx.init)(params)
+    want = step(p, s, grads)
+    with jax.set_mesh(mesh):
+      shardings = {n: NamedSharding(mesh, spec)
+                   for n, (_, spec) in layout.items()}
+      p = jax.device_put(params, shardings)
+      s = jax.jit(tx.init)(p)
+      types0 = jax.tree.map(jax.typeof, s)
+      got = step(p, s, jax.device_put(grads, shardings))
+      self.assertEqual(jax.tree.map(jax.typeof, got[1]), types0)
+    q = got[1][0].inner_state.mu['qkv']
+    self.assertEqual(jax.typeof(q.codes).sharding.spec, P('data', 'model'))
+    self.assertEqual(jax.typeof(q.scale).sharding.spec, P('data', 'model'))
+    self.assertEqual(q.codes.shape, (128, 192))
+    _assert_trees_equal(got, want)
+
+
 class StateShardingsTest(absltest.TestCase):
 
   def test_masked_partitioned_and_row_scales(self):

@@ -135,7 +135,7 @@ def state_shardings(
     >>> shardings = optax_q.state_shardings(
     ...     abstract, {'w': NamedSharding(mesh, P(None, 'model'))})
     >>> shardings[0].inner_state.mu['w'].scale.spec
-    PartitionSpec(None, 'model')
+    P(None, 'model')
   """
   param_leaves, param_def = jax.tree.flatten(param_shardings)
   if not param_leaves or not all(
