@@ -177,7 +177,8 @@ def render_markdown(meta, summary):
   n_seeds = len(meta['seeds'])
   lines = [
       f"Mode `{meta['mode']}`: GPT d_model={cfg['d_model']}, "
-      f"{cfg['num_layers']} layers, {meta['num_params']:,} params; "
+      f"{cfg['num_layers']} layer{'s' if cfg['num_layers'] != 1 else ''}, "
+      f"{meta['num_params']:,} params; "
       f"{cfg['steps']} steps of {cfg['batch_size']}x{cfg['seq_len']} bytes; "
       f"peak lr {cfg['learning_rate']:g}, warm-up then cosine, clip "
       f"{cfg['clip_norm']:g}, weight decay {cfg['weight_decay']:g}; "
