@@ -353,10 +353,13 @@ class ArgumentTest(parameterized.TestCase):
       _adamw(mu_format='fp32', nu_format='fp32', reset_every=100)
       _adamw(mu_format='fp8_e4m3', nu_format='fp8_e4m3', reset_every=1)
       _adamw(mu_format='bf16', nu_format='bf16', b2=0.9, reset_every=10)
+      _adamw(mu_format='fp8_e4m3', nu_format='fp8_e4m3', eps=1e-8,
+             reset_every={'nu': 10})
     text = ' '.join(str(x.message) for x in w)
     self.assertIn('float32', text)
     self.assertIn('sign descent', text)
     self.assertIn('not indicated', text)
+    self.assertIn('without mu', text)
 
   def test_eval_shape_init(self):
     tx = _adamw(mu_format='fp4_e2m1', nu_format='fp4_e2m2u', reset_every=7)

@@ -118,8 +118,9 @@ def adamw(
       ``b2``, see :func:`reset_period`), ``'adaptive'`` (reset a moment when
       its measured stalled fraction builds up; Algorithm 2 of the staleness
       paper), or a dict per moment such as ``{'nu': 300}`` (the paper's best
-      fp8 policy: ``mu`` never reset). Each moment is bias-corrected by its
-      local age since its last reset. See :func:`reset_state`.
+      fp8 policy: ``mu`` never reset; use it with ``eps >= 1e-6``). Each
+      moment is bias-corrected by its local age since its last reset. See
+      :func:`reset_state`.
     nesterov: Nesterov momentum, as in ``optax.adamw``.
 
   Returns:

@@ -595,6 +595,7 @@ def resolve_reset_every(
     nu_format: Any,
     b2: float,
     rounding: str = 'nearest',
+    eps: Any = None,
 ) -> dict[str, int | str]:
   """``{moment: period or 'adaptive'}`` for a ``reset_every`` argument.
 
@@ -607,6 +608,7 @@ def resolve_reset_every(
     nu_format: The second moment's format (for ``'auto'``).
     b2: The second moment's decay (for ``'auto'``).
     rounding: For the warning on small predicted stall rates.
+    eps: Adam's eps, for the warning on second-moment-only resets.
 
   Returns:
     The periods of the moments that are reset.
@@ -648,6 +650,14 @@ def resolve_reset_every(
       warnings.warn(
           f'reset period {p} for {f!r}: every update restarts the moment, '
           'which turns Adam into sign descent.', stacklevel=3)
+  if ('nu' in out and 'mu' not in out and isinstance(eps, (int, float))
+      and eps < 1e-6):
+    warnings.warn(
+        f'Resetting nu without mu at eps={eps}: the first update after each '
+        'reset divides the carried-over momentum by |g| + eps of a single '
+        'step, which explodes where the current gradient is tiny (our GPT '
+        'ablation diverged at eps=1e-8 and trained at the paper\'s 1e-6). '
+        'Use eps >= 1e-6 or reset both moments.', stacklevel=3)
   fmt = nu_format
   if out and fmt is not None and not getattr(fmt, 'is_identity', False):
     try:
@@ -694,7 +704,8 @@ def adam_with_resets(
       ``'auto'`` (the stall model's ``K*`` for the second moment's format and
       ``b2``, used for both moments), ``'adaptive'`` (Algorithm 2, each
       moment on its own measured stall fraction), or a dict such as
-      ``{'nu': 300}`` (the paper's best FP8 policy: ``mu`` never reset).
+      ``{'nu': 300}`` (the paper's best FP8 policy: ``mu`` never reset;
+      needs ``eps >= 1e-6``, see the warning it raises otherwise).
     b1: First-moment decay.
     b2: Second-moment decay.
     eps: Added to the denominator.
@@ -721,7 +732,7 @@ def adam_with_resets(
   nu_format = formats.get('nu')
   if nu_format is not None:
     nu_format = formats_lib.get_format(nu_format)
-  periods = resolve_reset_every(reset_every, nu_format, b2, rounding)
+  periods = resolve_reset_every(reset_every, nu_format, b2, rounding, eps)
   inner = transform.quantize_state(
       scale_by_adam_local_age(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                               nesterov=nesterov),
