@@ -480,6 +480,21 @@ class JaxApisTest(parameterized.TestCase):
     self.assertEqual(q.codes.shape, (16, 128))
     self.assertEqual(q.codes.dtype, jnp.uint8)
 
+  def test_quantized_state_is_never_bigger(self):
+    # Block scales along a last axis of 1 (the kernel of a Dense(n, 1)) would
+    # cost 4 bytes of scale per element: such leaves keep their state.
+    tx = optax_q.adamw(1e-3, min_size=0)
+    params = {'head': jax.ShapeDtypeStruct((4096, 1), jnp.float32),
+              'w': jax.ShapeDtypeStruct((8, 256), jnp.float32)}
+    state = jax.eval_shape(tx.init, params)
+    self.assertEqual(set(_qleaves(state)),
+                     {'0/inner_state/mu/w', '0/inner_state/nu/w'})
+    head = state[0].inner_state.mu['head']
+    self.assertEqual((head.shape, head.dtype), ((4096, 1), jnp.float32))
+    self.assertLess(optax_q.state_nbytes(state),
+                    optax_q.state_nbytes(jax.eval_shape(
+                        optax.adamw(1e-3).init, params)))
+
   @parameterized.parameters(
       ('float32', 'nearest'), ('bfloat16', 'stochastic'),
       ('float16', 'stochastic'))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 import dataclasses
+import math
 from typing import Any, NamedTuple, Union
 
 import jax
@@ -156,6 +157,12 @@ def _is_box(x) -> bool:
           and _is_float_array(children[0][1]))
 
 
+def _buffer_bytes(x) -> int:
+  if x is None:
+    return 0
+  return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+
+
 def _rebox(box, value):
   """``box`` with its one child replaced by ``value`` (metadata kept)."""
   return jax.tree.structure(box).unflatten([value])
@@ -275,7 +282,9 @@ def quantize_state(
   new state for storage with the chosen rounding. Which leaves are
   quantized is decided once, at ``init``: float leaves of the inner state
   that have at least ``min_size`` elements (counted on the global shape, so
-  sharding does not change the decision) and a format other than ``fp32``.
+  sharding does not change the decision), a format other than ``fp32``, and
+  whose codes and scales take fewer bytes than the leaf (not so for block
+  scales along a last axis of one or two elements).
   Everything else (counters, small leaves, biases and norms of small models)
   is kept as the inner transform made it.
 
@@ -367,6 +376,11 @@ def quantize_state(
       scale_mode = scale or qarray_lib.default_scale_mode(fmt)
       qarray_lib._check_layout(fmt, scale_mode)  # pylint: disable=protected-access
       q = encode_new(leaf, fmt, scale_mode, None)
+      if _buffer_bytes(q.codes) + _buffer_bytes(q.scale) >= _buffer_bytes(
+          leaf):
+        # Blocks along a very short last axis (a (n, 1) kernel has one scale
+        # per element): the "quantized" leaf would be bigger. Keep it.
+        return leaf if box is None else box
       if box is not None:
         # The box (with its metadata, e.g. a sharding) goes around the codes
         # and around the scales, never around the QArray: the codes and
