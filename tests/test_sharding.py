@@ -224,6 +224,39 @@ class ExplicitMeshTest(absltest.TestCase):
     _assert_trees_equal(got, want)
 
 
+  def test_nnx_optimizer_sharding_metadata(self):
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+    mesh = jax.make_mesh((8,), ('x',), axis_types=(AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+      init = nnx.with_metadata(nnx.initializers.lecun_normal(),
+                               optimizer_sharding=P(None, 'x'))
+      model = nnx.Linear(16, 512, kernel_init=init, rngs=nnx.Rngs(0))
+      tx = optax_q.adamw(1e-3, mu_format='int4', nu_format='fp8_e4m3',
+                         block_size=32, min_size=1024)
+      opt = nnx.jit(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param))(model)
+      x = jnp.ones((4, 16))
+
+      @nnx.jit
+      def train_step(model, opt):
+        grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
+        opt.update(model, grads)
+
+      for step in range(2):
+        state = opt.opt_state[0]
+        for field, dtype in (('mu', 'uint8[16,256@x]'),
+                             ('nu', 'float8_e4m3fn[16,512@x]')):
+          q = getattr(state.inner_state, field)['kernel']
+          self.assertEqual(str(jax.typeof(q.codes.get_value())), dtype,
+                           (step, field))
+          self.assertEqual(str(jax.typeof(q.scale.get_value())),
+                           'float32[16,16@x]', (step, field))
+        # Telemetry scalars are replicated, not sharded like the kernel.
+        self.assertEqual(
+            str(jax.typeof(state.stalled.mu['kernel'].get_value())),
+            'float32[]')
+        train_step(model, opt)
+
+
 class StateShardingsTest(absltest.TestCase):
 
   def test_masked_partitioned_and_row_scales(self):
