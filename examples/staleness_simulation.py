@@ -50,8 +50,8 @@ Writes ``staleness_sim.json``, ``staleness_sim.md`` and two PNGs to
 
 Usage::
 
-  python examples/staleness_simulation.py            # full: ~1-2 min on CPU
-  python examples/staleness_simulation.py --quick    # smaller, ~20 s
+  python examples/staleness_simulation.py            # full: ~3 min, 2 cores
+  python examples/staleness_simulation.py --quick    # smaller, ~1 min
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ paper's 10K-20K step runs do at 0.999. ``--mode paper`` keeps 0.999 (longer).
 Writes ``staleness.json`` and ``staleness.md`` to ``--out`` (default
 ``docs/results``)::
 
-  python examples/study_staleness.py                 # quick, ~10 min on 2 cores
+  python examples/study_staleness.py                 # quick, ~30 min, 2 shared cores
   python examples/study_staleness.py --mode paper    # b2 = 0.999, 3000 steps
 """
 
