@@ -183,9 +183,8 @@ def _encode_values(
     if fmt.packed:
       return (c + (q + 1)).astype(jnp.uint8)
     return c.astype(fmt.dtype)
-  table = jnp.asarray(fmt.table, jnp.float32)
   y = jnp.where(jnp.isnan(y), 0, y)
-  return rounding_lib.round_to_table(y, table, u).astype(jnp.uint8)
+  return rounding_lib.round_to_table(y, fmt.table, u).astype(jnp.uint8)
 
 
 def _decode_values(codes: jax.Array, fmt: Format) -> jax.Array:

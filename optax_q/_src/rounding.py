@@ -25,9 +25,12 @@ References:
 
 from __future__ import annotations
 
+import functools
+
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 _U32 = jnp.uint32
 
@@ -69,10 +72,20 @@ def element_index(shape) -> jax.Array:
 
 
 def uniform(key: jax.Array, shape) -> jax.Array:
-  """Uniform float32 in [0, 1), 24 random bits, from ``key`` and position."""
-  bits = hash_u32(element_index(shape) ^ key)
-  bits = hash_u32(bits + key)
-  return (bits >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
+  """Uniform float32 in [0, 1), 24 random bits, from ``key`` and position.
+
+  One "lowbias32" hash per element, with the key mixed in twice (before the
+  first multiply and again before the second): two streams whose
+  ``index ^ key`` coincide still diverge, which a single keyed hash of a
+  32-bit counter could not guarantee.
+  """
+  x = element_index(shape) ^ key
+  x = x ^ (x >> 16)
+  x = x * _U32(0x7FEB352D)
+  x = (x ^ (x >> 15)) + key
+  x = x * _U32(0x846CA68B)
+  x = x ^ (x >> 16)
+  return (x >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
 
 
 def round_int(y: jax.Array, u: jax.Array | None) -> jax.Array:
@@ -128,26 +141,40 @@ def round_float_grid(
         y_bits = (bits + r) & keep
       y = lax.bitcast_convert_type(y_bits, jnp.float32)
   else:
-    # ulp = 2**(max(e, emin) - M), built from exponent bits (exact).
+    # ulp = 2**(max(e, emin) - M), built from exponent bits (exact). It is
+    # a power of two, so multiplying by its exact reciprocal gives the same
+    # bits as dividing, and is cheaper. Exponents past the grid's top
+    # saturate either way; clamping them keeps both powers normal floats.
+    emax = int(np.floor(np.log2(max_value)))
     e = (bits >> 23).astype(jnp.int32) - 127
-    e = jnp.maximum(e, emin)
+    e = jnp.clip(e, emin, emax + 1)
     ulp = lax.bitcast_convert_type(
         ((e - mantissa_bits + 127) << 23).astype(_U32), jnp.float32)
-    y = round_int(ax / ulp, u) * ulp
+    inv_ulp = lax.bitcast_convert_type(
+        ((mantissa_bits - e + 127) << 23).astype(_U32), jnp.float32)
+    y = round_int(ax * inv_ulp, u) * ulp
   y = jnp.minimum(y, jnp.float32(max_value))
   y = jnp.where(jnp.isfinite(x), y, ax)
   return jnp.copysign(y, x)
 
 
 def round_to_table(
-    x: jax.Array, table: jax.Array, u: jax.Array | None
+    x: jax.Array, table, u: jax.Array | None
 ) -> jax.Array:
   """Indices (int32) of ``x`` on a sorted ``table``, nearest or stochastic.
 
   ``x`` is clipped to ``[table[0], table[-1]]`` first. With ``u``, the upper
   of the two bracketing entries is taken with probability
   ``(x - lo) / (hi - lo)``, so the decoded value is unbiased.
+
+  ``table`` given as a tuple of floats (a format's static table) takes a
+  fast path with the same results: the index is a step function of ``x``
+  whose exact float32 thresholds are found once, on the host, so the
+  search is a few comparisons (16-entry tables) or one bucketed lookup on
+  the float's bits (larger tables) instead of a binary search.
   """
+  if isinstance(table, tuple):
+    return _round_to_static_table(x, table, u)
   n = table.shape[0]
   x = jnp.clip(x, table[0], table[-1])
   # Index of the last entry <= x (binary search over the sorted table).
@@ -162,3 +189,158 @@ def round_to_table(
   else:
     up = u < frac
   return lo + up.astype(jnp.int32)
+
+
+# --------------------------------------------------------------------------
+# Static tables: exact thresholds found on the host, cheap lookups traced.
+
+# Tables up to this size use a chain of comparisons; larger ones a bucketed
+# lookup on the float's exponent and top mantissa bits.
+_CHAIN_MAX_STEPS = 32
+
+
+def _ordered(v: np.ndarray) -> np.ndarray:
+  """float32 -> int64 keys in the same order as the values (-0 == +0)."""
+  b = np.asarray(v, np.float32).view(np.uint32).astype(np.int64)
+  mag = b & 0x7FFFFFFF
+  return np.where(b >> 31 == 1, -mag, mag)
+
+
+def _from_ordered(k: np.ndarray) -> np.ndarray:
+  k = np.asarray(k, np.int64)
+  b = np.where(k < 0, (-k) | 0x80000000, k).astype(np.uint32)
+  return b.view(np.float32)
+
+
+def _table_floor(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+  """Reference lower index: the last entry <= x, clipped to [0, n - 2]."""
+  return np.clip(np.searchsorted(t, x, side='right') - 1, 0, t.size - 2)
+
+
+def _table_nearest(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+  """Reference nearest index, in float32 arithmetic as the traced search."""
+  x = np.asarray(x, np.float32)
+  lo = _table_floor(x, t)
+  lo_v, hi_v = t[lo], t[lo + 1]
+  gap = hi_v - lo_v
+  with np.errstate(invalid='ignore', divide='ignore'):
+    frac = np.where(gap > 0, (x - lo_v) / np.where(gap > 0, gap, 1), 0)
+  return lo + (frac.astype(np.float32) > np.float32(0.5))
+
+
+@functools.cache
+def _table_steps(table: tuple[float, ...], mode: str):
+  """Exact steps of the index function of ``table`` over its range.
+
+  Returns ``(start, thresholds, values)``: the index at ``table[0]``, and
+  for each step the smallest float32 where the index changes and the index
+  from there on. The index function is monotone in ``x``, so each step is
+  found by bisection over the ordered float32 values.
+  """
+  t = np.asarray(table, np.float32)
+  f = _table_nearest if mode == 'nearest' else _table_floor
+  code = lambda k: int(f(_from_ordered(np.array([k])), t)[0])
+  lo_k, hi_k = int(_ordered(t[:1])[0]), int(_ordered(t[-1:])[0])
+  start = code(lo_k)
+  thresholds, values = [], []
+  a, ca = lo_k, start
+  end_code = code(hi_k)
+  while ca != end_code:
+    lo, hi = a, hi_k  # code(lo) == ca, code(hi) > ca
+    while hi - lo > 1:
+      mid = (lo + hi) // 2
+      if code(mid) == ca:
+        lo = mid
+      else:
+        hi = mid
+    a, ca = hi, code(hi)
+    thresholds.append(hi)
+    values.append(ca)
+  thr = _from_ordered(np.array(thresholds, np.int64)) if thresholds else (
+      np.zeros((0,), np.float32))
+  return start, thr.astype(np.float32), np.array(values, np.int32)
+
+
+@functools.cache
+def _bucket_lut(table: tuple[float, ...], mode: str):
+  """Per-bucket (threshold, index below, index from it) for big tables.
+
+  A bucket is the sign, the exponent (clamped below at ``elo``) and the top
+  ``m`` mantissa bits of a float32; ``m`` grows until every bucket holds at
+  most one step of the index function.
+  """
+  start, thr, vals = _table_steps(table, mode)
+  t = np.asarray(table, np.float32)
+  thr_k = _ordered(thr)
+  nonzero = np.abs(thr[thr != 0])
+  ehi = int((np.float32(np.max(np.abs(t))).view(np.uint32) >> 23) & 0xFF)
+  elo = ehi
+  if nonzero.size:
+    elo = max(1, int((np.min(nonzero).view(np.uint32) >> 23) & 0xFF) - 1)
+  for m in range(4, 12):
+    nk = (ehi - elo + 1) << m
+    w = 1 << (23 - m)
+    k = np.arange(nk, dtype=np.int64)
+    mag_lo = np.where(k == 0, 0, (elo << 23) + k * w)
+    mag_hi = (elo << 23) + (k + 1) * w - 1
+    # Ordered keys of each bucket's [min, max] (negative buckets first).
+    kmin = np.concatenate([-mag_hi, mag_lo])
+    kmax = np.concatenate([-mag_lo, mag_hi])
+    first = np.searchsorted(thr_k, kmin, side='right')  # first step > kmin
+    last = np.searchsorted(thr_k, kmax, side='right')  # steps <= kmax
+    if np.all(last - first <= 1):
+      break
+  else:
+    raise ValueError(f'No bucketing found for a {t.size}-entry table.')
+  code_at = np.concatenate([[start], vals]).astype(np.int64)
+  below = code_at[first]  # the index at the bucket's smallest value
+  above = code_at[last]
+  has = last > first
+  bucket_thr = np.where(
+      has, _from_ordered(thr_k[np.minimum(first, thr_k.size - 1)]),
+      np.float32(np.inf)).astype(np.float32)
+  codes = (below | (above << 16)).astype(np.int32)
+  return elo, m, nk, bucket_thr, codes
+
+
+def _static_index(x: jax.Array, table: tuple[float, ...], mode: str):
+  """The reference index function of ``mode`` at clipped ``x`` (int32)."""
+  start, thr, vals = _table_steps(table, mode)
+  if thr.size <= _CHAIN_MAX_STEPS:
+    idx = jnp.full(x.shape, start, jnp.int32)
+    prev = start
+    for t, v in zip(thr.tolist(), vals.tolist()):
+      idx = idx + jnp.where(x >= jnp.float32(t), jnp.int32(v - prev),
+                            jnp.int32(0))
+      prev = v
+    return idx
+  elo, m, nk, bucket_thr, codes = _bucket_lut(table, mode)
+  bits = lax.bitcast_convert_type(x, _U32)
+  mag = bits & _U32(0x7FFFFFFF)
+  k = (jnp.maximum(mag, _U32(elo << 23)) >> (23 - m)) - _U32(elo << m)
+  k = jnp.minimum(k, _U32(nk - 1)) + (_U32(1) - (bits >> 31)) * _U32(nk)
+  k = k.astype(jnp.int32)
+  c = jnp.asarray(codes)[k]
+  above = jnp.asarray(bucket_thr)[k] <= x
+  return jnp.where(above, c >> 16, c & 0xFFFF)
+
+
+def _round_to_static_table(x, table, u):
+  t = np.asarray(table, np.float32)
+  x = jnp.clip(x, t[0], t[-1])
+  if u is None:
+    return _static_index(x, table, 'nearest')
+  lo = _static_index(x, table, 'floor')
+  if t.size <= _CHAIN_MAX_STEPS + 1:
+    lo_v = jnp.full(x.shape, t[0], jnp.float32)
+    hi_v = jnp.full(x.shape, t[1], jnp.float32)
+    for i in range(1, t.size - 1):
+      hit = lo >= i
+      lo_v = jnp.where(hit, t[i], lo_v)
+      hi_v = jnp.where(hit, t[i + 1], hi_v)
+  else:
+    lo_v = jnp.asarray(t)[lo]
+    hi_v = jnp.asarray(t)[lo + 1]
+  gap = hi_v - lo_v
+  frac = jnp.where(gap > 0, (x - lo_v) / jnp.where(gap > 0, gap, 1.0), 0.0)
+  return lo + (u < frac).astype(jnp.int32)
