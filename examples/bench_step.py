@@ -109,7 +109,7 @@ class Row:
 def jax_row(name, tx, params_np, grads, param_elements) -> Row:
   """A donated, jitted ``update`` + ``apply_updates`` step for ``tx``."""
   params = jax.tree.map(jnp.asarray, params_np)
-  state = jax.jit(tx.init)(params)
+  state = tx.init(params)  # Eager: jit would constant-fold the zeros.
 
   def step_fn(params, state, grads):
     updates, state = tx.update(grads, state, params)
