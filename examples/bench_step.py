@@ -422,8 +422,8 @@ def main(argv=None) -> dict[str, Any]:
   print(f'  {copy.name:42s} {copy_ms:9.2f} ms  {copy_gbps:6.1f} GB/s')
 
   result = dict(
-      command='python examples/bench_step.py ' + ' '.join(
-          sys.argv[1:] if argv is None else argv),
+      command=' '.join(['python examples/bench_step.py'] + list(
+          sys.argv[1:] if argv is None else argv)),
       git_revision=git_revision(),
       date=datetime.datetime.now(datetime.timezone.utc).strftime(
           '%Y-%m-%dT%H:%M:%SZ'),
