@@ -195,8 +195,8 @@ def _decode_values(codes: jax.Array, fmt: Format) -> jax.Array:
     if fmt.packed:
       return codes.astype(jnp.float32) - (fmt.max_value + 1)
     return codes.astype(jnp.float32)
-  table = jnp.asarray(fmt.table, jnp.float32)
-  return table[codes.astype(jnp.int32)]
+  table = np.asarray(fmt.table, np.float32)
+  return rounding_lib.lookup(table, codes.astype(jnp.int32))
 
 
 def encode(

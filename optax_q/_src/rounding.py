@@ -158,6 +158,16 @@ def round_float_grid(
   return jnp.copysign(y, x)
 
 
+def lookup(table, index: jax.Array) -> jax.Array:
+  """``table[index]`` for a small replicated table, sharded like ``index``.
+
+  On a mesh with explicit axes a gather needs its output sharding spelled
+  out; the result of a table lookup is partitioned exactly as its indices.
+  """
+  table = jnp.asarray(table)
+  return table.at[index].get(out_sharding=jax.typeof(index).sharding)
+
+
 def round_to_table(
     x: jax.Array, table, u: jax.Array | None
 ) -> jax.Array:
@@ -180,8 +190,8 @@ def round_to_table(
   # Index of the last entry <= x (binary search over the sorted table).
   lo = jnp.clip(jnp.searchsorted(table, x, side='right', method='scan') - 1,
                 0, n - 2).astype(jnp.int32)
-  lo_v = table[lo]
-  hi_v = table[lo + 1]
+  lo_v = lookup(table, lo)
+  hi_v = lookup(table, lo + 1)
   gap = hi_v - lo_v
   frac = jnp.where(gap > 0, (x - lo_v) / jnp.where(gap > 0, gap, 1.0), 0.0)
   if u is None:
@@ -320,8 +330,8 @@ def _static_index(x: jax.Array, table: tuple[float, ...], mode: str):
   k = (jnp.maximum(mag, _U32(elo << 23)) >> (23 - m)) - _U32(elo << m)
   k = jnp.minimum(k, _U32(nk - 1)) + (_U32(1) - (bits >> 31)) * _U32(nk)
   k = k.astype(jnp.int32)
-  c = jnp.asarray(codes)[k]
-  above = jnp.asarray(bucket_thr)[k] <= x
+  c = lookup(codes, k)
+  above = lookup(bucket_thr, k) <= x
   return jnp.where(above, c >> 16, c & 0xFFFF)
 
 
@@ -339,8 +349,8 @@ def _round_to_static_table(x, table, u):
       lo_v = jnp.where(hit, t[i], lo_v)
       hi_v = jnp.where(hit, t[i + 1], hi_v)
   else:
-    lo_v = jnp.asarray(t)[lo]
-    hi_v = jnp.asarray(t)[lo + 1]
+    lo_v = lookup(t, lo)
+    hi_v = lookup(t, lo + 1)
   gap = hi_v - lo_v
   frac = jnp.where(gap > 0, (x - lo_v) / jnp.where(gap > 0, gap, 1.0), 0.0)
   return lo + (u < frac).astype(jnp.int32)
