@@ -21,12 +21,12 @@ run on the same global batches up to float reduction order.
 
 Run the two processes by hand::
 
-  python -m models.multiprocess_demo --process-id 0 --port 12355 --out /tmp/mp &
-  python -m models.multiprocess_demo --process-id 1 --port 12355 --out /tmp/mp
+  python -m models.multiprocess_demo --process-id 0 --port 12355 --out runs/mp &
+  python -m models.multiprocess_demo --process-id 1 --port 12355 --out runs/mp
 
 or all at once (also runs the single-process reference and compares)::
 
-  python -m models.multiprocess_demo --launch --out /tmp/mp
+  python -m models.multiprocess_demo --launch --out runs/mp
 """
 
 import argparse
@@ -208,7 +208,7 @@ def main(argv=None):
   parser.add_argument('--process-id', type=int)
   parser.add_argument('--num-processes', type=int, default=2)
   parser.add_argument('--port', type=int, default=12355)
-  parser.add_argument('--out', default='/tmp/optax_q_multiprocess')
+  parser.add_argument('--out', default='runs/multiprocess')
   parser.add_argument('--launch', action='store_true',
                       help='start all workers, run the reference, compare')
   args = parser.parse_args(argv)
