@@ -222,12 +222,8 @@ def _state_names(state) -> tuple[set[str], set[str]]:
 
 
 def _probe_names(inner) -> tuple[set[str], set[str]] | None:
-  probe = {'w': jax.ShapeDtypeStruct((8, 8), jnp.float32)}
-  try:
-    state = jax.eval_shape(inner.init, probe)
-  except Exception:  # pylint: disable=broad-except
-    return None
-  return _state_names(state)
+  state = transform.probe_state(inner)
+  return None if state is None else _state_names(state)
 
 
 # -----------------------------------------------------------------------------

@@ -198,14 +198,19 @@ def _check_formats(formats: FormatSpec) -> FormatSpec:
       f'callable (path, leaf) -> format, got {type(formats).__name__}.')
 
 
-def _probe_fields(inner: optax.GradientTransformation) -> set[str] | None:
-  """Field names of ``inner``'s state on a probe tree, or None if unknown."""
+def probe_state(inner: optax.GradientTransformation) -> Any:
+  """``inner``'s abstract state on a small probe tree, or None if unknown."""
   probe = {'w': jax.ShapeDtypeStruct((8, 8), jnp.float32)}
   try:
-    state = jax.eval_shape(inner.init, probe)
+    return jax.eval_shape(inner.init, probe)
   except Exception:  # pylint: disable=broad-except
     return None
-  return _field_names(state)
+
+
+def _probe_fields(inner: optax.GradientTransformation) -> set[str] | None:
+  """Field names of ``inner``'s state on a probe tree, or None if unknown."""
+  state = probe_state(inner)
+  return None if state is None else _field_names(state)
 
 
 def _leaf_format(formats, path, leaf, root=None) -> Format | None:
