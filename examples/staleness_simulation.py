@@ -59,10 +59,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import pathlib
-import platform
-import subprocess
 import sys
 import time
 
@@ -76,6 +73,8 @@ if str(ROOT) not in sys.path:
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import optax_q  # noqa: E402
+
+import _common  # noqa: E402  pylint: disable=g-bad-import-order
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # (label, storage format, quantize_state scale mode, stall-model format).
@@ -197,44 +196,6 @@ def tracking_run(fmt, scale, rounding, b2, reset_every, *, dim, steps, seed,
 # ----------------------------------------------------------------------------
 
 
-def _git_revision() -> str:
-  def git(*args):
-    return subprocess.run(['git', *args], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.strip()
-  try:
-    rev = git('rev-parse', '--short=12', 'HEAD')
-    dirty = git('status', '--porcelain', '--untracked-files=no')
-  except (OSError, subprocess.CalledProcessError):
-    return 'unknown'
-  return rev + ('+dirty' if dirty else '')
-
-
-def _machine() -> str:
-  try:
-    load = '%.1f' % os.getloadavg()[0]
-  except OSError:
-    load = '?'
-  return (f'{platform.system()} {platform.machine()}, {os.cpu_count()} '
-          f'cores (load {load} at start), jax {jax.__version__} on '
-          f'{jax.default_backend()}')
-
-
-def _command() -> str:
-  script = pathlib.Path(sys.argv[0]).resolve()
-  try:
-    script = script.relative_to(ROOT)
-  except ValueError:
-    script = pathlib.Path(script.name)
-  return ' '.join(['python', script.as_posix(), *sys.argv[1:]])
-
-
-def _md_table(header, rows) -> str:
-  out = ['| ' + ' | '.join(header) + ' |',
-         '|' + '|'.join('---' for _ in header) + '|']
-  out += ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows]
-  return '\n'.join(out)
-
-
 def _plots(out_dir, tracking, stationary, args):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
@@ -354,10 +315,10 @@ def main(argv=None):
   out_dir = pathlib.Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
   meta = dict(
-      command=_command(), git_revision=_git_revision(),
+      command=_common.command_line(), git_revision=_common.git_revision(),
       date=datetime.datetime.now(datetime.timezone.utc).strftime(
           '%Y-%m-%d %H:%M UTC'),
-      machine=_machine(), mode='quick' if args.quick else 'full',
+      machine=_common.machine(), mode='quick' if args.quick else 'full',
       dim=args.dim, steps=args.steps, model_check_steps=check_steps,
       drop_step=args.drop_step, drop_factor=args.drop_factor, b2=args.b2,
       seed=args.seed)
@@ -463,7 +424,7 @@ comparing decoded values. Target: |measured - model| <=
 {100 * TOLERANCE:.0f} pp for bf16 and fp8, both roundings, at b2 =
 {args.b2}: **{'met' if meta['target_met'] else 'NOT met'}**.
 
-{_md_table(('format', 'b2', 'rounding', 'model', 'measured', 'diff (pp)',
+{_common.markdown_table(('format', 'b2', 'rounding', 'model', 'measured', 'diff (pp)',
             'within 3 pp'), rows)}
 
 ## 2. Tracking a variance drop with the library's optimizer
@@ -484,7 +445,7 @@ assumptions: a block's scale follows its largest element, so small elements
 sit low in the grid (or are crushed), and their codes are compared while the
 scale itself moves.
 
-{_md_table(('format', 'rounding', 'resets', 'v/sigma^2 before drop',
+{_common.markdown_table(('format', 'rounding', 'resets', 'v/sigma^2 before drop',
             'v/sigma^2 at end', 'stalled (window)', 'model'), track)}
 
 Plots: `staleness_sim_tracking.png` (stored v over time) and

@@ -422,11 +422,7 @@ def reset_state(
             "under-corrected; pass counters={field: 'count'} and reset the "
             'moments together, or use scale_by_adam_local_age.', stacklevel=2)
     if counters is not None:
-      missing = sorted(set(counter_map) - ints)
-      if missing:
-        raise ValueError(
-            f'counters names unknown integer field(s) {missing}; the state '
-            f'of this transform has integer fields {sorted(ints)}.')
+      transform.check_known_fields('counters', counter_map, ints, 'integer')
   target = frozenset(periods) | frozenset(counter_map)
   inner_ex = optax.with_extra_args_support(inner)
 

@@ -207,6 +207,18 @@ def probe_state(inner: optax.GradientTransformation) -> Any:
     return None
 
 
+def check_known_fields(argname: str, names, known: set[str] | None,
+                       kind: str) -> None:
+  """Raises if ``names`` holds fields the probed state lacks (``known``)."""
+  if known is None:
+    return
+  unknown = sorted(set(names) - known)
+  if unknown:
+    raise ValueError(
+        f'{argname} names unknown state field(s) {unknown}; the state of '
+        f'this transform has {kind} fields {sorted(known)}.')
+
+
 def _probe_fields(inner: optax.GradientTransformation) -> set[str] | None:
   """Field names of ``inner``'s state on a probe tree, or None if unknown."""
   state = probe_state(inner)
@@ -353,13 +365,7 @@ def quantize_state(
         f'min_size must be a non-negative Python int, got {min_size!r}.'
         + (static_hint if isinstance(min_size, jax.Array) else ''))
   if isinstance(formats, Mapping):
-    known = _probe_fields(inner)
-    if known is not None:
-      unknown = sorted(set(formats) - known)
-      if unknown:
-        raise ValueError(
-            f'formats names unknown state field(s) {unknown}; the state of '
-            f'this transform has float fields {sorted(known)}.')
+    check_known_fields('formats', formats, _probe_fields(inner), 'float')
 
   def encode_new(x, fmt, scale_mode, key):
     return qarray_lib.encode(
