@@ -230,6 +230,19 @@ class LayoutTest(parameterized.TestCase):
     self.assertEqual(packed.shape, (3, 6))
     np.testing.assert_array_equal(packing.unpack_nibbles(packed, 11), codes)
 
+  @parameterized.parameters('int4', 'fp4_e2m1', 'fp8_e4m3', 'int8_dynamic')
+  def test_unchanged_count_matches_unpacked_codes(self, name):
+    x = jax.random.normal(jax.random.key(0), (5, 7))
+    y = x.at[:, ::2].multiply(1.7)
+    a, b = optax_q.quantize(x, name), optax_q.quantize(y, name)
+    ca, cb = np.asarray(a.codes), np.asarray(b.codes)
+    if a.fmt.packed:
+      ca = np.asarray(packing.unpack_nibbles(a.codes, 7))
+      cb = np.asarray(packing.unpack_nibbles(b.codes, 7))
+    want = np.sum(ca.view(np.uint8) == cb.view(np.uint8))
+    self.assertEqual(float(qarray_lib.unchanged_count(a, b)), want)
+    self.assertLess(want, 35)
+
   @parameterized.parameters(('tensor', (1, 1, 1)), ('row', (2, 3, 1)),
                             ('block', (2, 3, 2)))
   def test_scale_keeps_rank(self, scale, scale_shape):

@@ -336,6 +336,28 @@ def dequantize(q: QArray, dtype: Any = None) -> jax.Array:
   return decode(q, dtype or q.dtype)
 
 
+def unchanged_count(old: QArray, new: QArray) -> jax.Array:
+  """How many elements kept their stored code between ``old`` and ``new``.
+
+  Codes are compared as bit patterns (float codes too: -0 and +0 differ,
+  NaN equals itself). Packed 4-bit codes are compared nibble by nibble on
+  the packed bytes, without unpacking; the zero pad nibble of an odd last
+  axis is discounted. Returns a float32 scalar.
+  """
+  a, b = old.codes, new.codes
+  if jnp.issubdtype(a.dtype, jnp.floating):
+    uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize]
+    a = jax.lax.bitcast_convert_type(a, uint)
+    b = jax.lax.bitcast_convert_type(b, uint)
+  if not (old.fmt.packed and old.shape):
+    return jnp.sum(a == b, dtype=jnp.float32)
+  diff = a ^ b
+  same = (jnp.sum((diff & jnp.uint8(0x0F)) == 0, dtype=jnp.float32)
+          + jnp.sum((diff >> 4) == 0, dtype=jnp.float32))
+  pad = (old.shape[-1] % 2) * (old.size // old.shape[-1])
+  return same - jnp.float32(pad)
+
+
 def check_qarray(q: QArray) -> None:
   """Checks the layout invariants of ``q`` (skips non-array children)."""
   if not isinstance(q.codes, (jax.Array, np.ndarray)):

@@ -47,7 +47,6 @@ import jax.numpy as jnp
 import optax
 
 from optax_q._src import formats as formats_lib
-from optax_q._src import packing
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import theory
 from optax_q._src import transform
@@ -251,26 +250,17 @@ class ResetState(NamedTuple):
   inner_state: optax.OptState
 
 
-def _equal_codes(old: Any, new: Any) -> jax.Array:
-  """Elementwise: the stored value did not change (codes for QArrays).
+def _unchanged(old: Any, new: Any) -> jax.Array:
+  """How many stored values did not change (codes for QArrays).
 
   For quantized leaves the stored codes are compared, as
   :func:`optax_q.stall_fraction` does: with block scales that follow the
   block maximum, the scale moves a little almost every step even where the
   codes do not, and the codes are what staleness is about.
   """
-  if not qarray_lib.is_qarray(old):
-    return old == new
-  a, b = old.codes, new.codes
-  if old.fmt.packed and old.shape:
-    a = packing.unpack_nibbles(a, old.shape[-1])
-    b = packing.unpack_nibbles(b, old.shape[-1])
-  if jnp.issubdtype(a.dtype, jnp.floating):
-    # Bit patterns: -0 and +0 differ, and NaN equals itself.
-    uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize]
-    a = jax.lax.bitcast_convert_type(a, uint)
-    b = jax.lax.bitcast_convert_type(b, uint)
-  return a == b
+  if qarray_lib.is_qarray(old):
+    return qarray_lib.unchanged_count(old, new)
+  return jnp.sum(old == new, dtype=jnp.float32)
 
 
 def _stalled_fraction(old, new, field: str) -> jax.Array:
@@ -285,7 +275,7 @@ def _stalled_fraction(old, new, field: str) -> jax.Array:
       return o
     size = o.size
     if size:
-      sums.append((jnp.sum(_equal_codes(o, n), dtype=jnp.float32), size))
+      sums.append((_unchanged(o, n), size))
     return o
 
   _map_fields(visit, frozenset({field}), old, new)

@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import optax
 
 from optax_q._src import formats as formats_lib
-from optax_q._src import packing
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import rounding as rounding_lib
 
@@ -266,19 +265,7 @@ def _stall(old: QArray, new: QArray) -> jax.Array:
   """Fraction of elements whose stored code did not change."""
   if old.size == 0:
     return jnp.zeros((), jnp.float32)
-  a, b = old.codes, new.codes
-  if old.fmt.packed and old.shape:
-    a = packing.unpack_nibbles(a, old.shape[-1])
-    b = packing.unpack_nibbles(b, old.shape[-1])
-  if jnp.issubdtype(a.dtype, jnp.floating):
-    # Compare bit patterns, so that -0/+0 differ and NaN equals itself.
-    a = jax.lax.bitcast_convert_type(a, _uint_of(a.dtype))
-    b = jax.lax.bitcast_convert_type(b, _uint_of(b.dtype))
-  return jnp.mean((a == b).astype(jnp.float32))
-
-
-def _uint_of(dtype):
-  return {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[jnp.dtype(dtype).itemsize]
+  return qarray_lib.unchanged_count(old, new) / jnp.float32(old.size)
 
 
 def quantize_state(
