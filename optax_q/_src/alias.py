@@ -63,7 +63,7 @@ def _moment_formats(field_formats: dict[str, Any]) -> dict[str, Any]:
 def _wrap(inner, formats, *, rounding, block_size, seed, min_size):
   return transform.quantize_state(
       inner, formats, rounding=rounding, block_size=block_size, seed=seed,
-      min_size=min_size)
+      min_size=min_size, elementwise=True)
 
 
 def _with_resets(reset_every, **kwargs):

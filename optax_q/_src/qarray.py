@@ -207,15 +207,25 @@ def encode(
     block_size: int,
     key: jax.Array | None,
     dtype: Any = None,
+    row_stride: int = 1,
+    row_offset: jax.Array | int = 0,
 ) -> QArray:
-  """Encodes ``x`` with a fixed layout; ``key`` set means stochastic."""
+  """Encodes ``x`` with a fixed layout; ``key`` set means stochastic.
+
+  ``row_stride`` and ``row_offset`` say that ``x`` is the tile of rows
+  ``row_offset, row_offset + row_stride, ...`` of a larger array: its
+  stochastic-rounding bits are then that array's (blocks lie along the last
+  axis, so a tile's scales and codes equal the larger array's).
+  """
+  sr_rows = dict(row_stride=row_stride, row_offset=row_offset)
   shape = tuple(x.shape)
   dtype = jnp.dtype(dtype or x.dtype).name
   xf = jnp.asarray(x, jnp.float32)
   if not shape:
     xf = xf.reshape(1)
   if scale_mode == 'none':
-    u = None if key is None else rounding_lib.uniform(key, xf.shape)
+    u = (None if key is None
+         else rounding_lib.uniform(key, xf.shape, **sr_rows))
     codes = _encode_values(xf, fmt, u)
     scale = None
   else:
@@ -224,7 +234,8 @@ def encode(
     scale = absmax / jnp.float32(scale_target(fmt))
     scale = jnp.where(jnp.isfinite(scale), scale, jnp.nan)
     safe = jnp.where(scale > 0, scale, 1.0)
-    u = None if key is None else rounding_lib.uniform(key, xb.shape)
+    u = (None if key is None
+         else rounding_lib.uniform(key, xb.shape, **sr_rows))
     codes = _encode_values(xb / safe[..., None], fmt, u)
     codes = _unblocked(codes, xf.shape)
   if fmt.packed:

@@ -714,11 +714,13 @@ def adam_with_resets(
   nu_format = formats.get('nu')
   if nu_format is not None:
     nu_format = formats_lib.get_format(nu_format)
-  periods = resolve_reset_every(reset_every, nu_format, b2, rounding, eps)
+  periods = resolve_reset_every(
+      reset_every, nu_format, b2, transform.leaf_rounding(rounding, 'nu'),
+      eps)
   inner = transform.quantize_state(
       scale_by_adam_local_age(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                               nesterov=nesterov),
       formats, rounding=rounding, block_size=block_size, seed=seed,
-      min_size=min_size)
+      min_size=min_size, elementwise=True)
   return reset_state(inner, periods, decay=b2 if decay is None else decay,
                      s0=s0)

@@ -54,32 +54,46 @@ def stream_key(seed, step, stream) -> jax.Array:
   return k
 
 
-def element_index(shape) -> jax.Array:
+def element_index(shape, *, row_stride: int = 1,
+                  row_offset: jax.Array | int = 0) -> jax.Array:
   """Row-major element index (uint32) of every element of ``shape``.
 
   Built from broadcasted iotas, so it is partitioned like any other array
-  under SPMD: no gather of a global index is ever needed.
+  under SPMD: no gather of a global index is ever needed. With
+  ``row_stride`` and ``row_offset``, ``shape`` is the tile holding rows
+  ``row_offset, row_offset + row_stride, ...`` (first axis) of a larger
+  array with the same trailing axes, and the indices are that array's.
   """
   if not shape:
     return jnp.zeros((), _U32)
   index = jnp.zeros(shape, _U32)
   stride = 1
   for axis in range(len(shape) - 1, -1, -1):
+    step = stride * (row_stride if axis == 0 else 1)
     iota = lax.broadcasted_iota(_U32, shape, axis)
-    index = index + iota * _U32(stride & 0xFFFFFFFF)
+    index = index + iota * _U32(step & 0xFFFFFFFF)
     stride *= shape[axis]
+  if row_stride != 1 or not isinstance(row_offset, int) or row_offset:
+    row = stride // shape[0]
+    index = index + (jnp.asarray(row_offset).astype(_U32)
+                     * _U32(row & 0xFFFFFFFF))
   return index
 
 
-def uniform(key: jax.Array, shape) -> jax.Array:
+def uniform(key: jax.Array, shape, *, row_stride: int = 1,
+            row_offset: jax.Array | int = 0) -> jax.Array:
   """Uniform float32 in [0, 1), 24 random bits, from ``key`` and position.
+
+  ``row_stride`` and ``row_offset`` draw the bits of a tile of rows of a
+  larger array, as :func:`element_index`.
 
   One "lowbias32" hash per element, with the key mixed in twice (before the
   first multiply and again before the second): two streams whose
   ``index ^ key`` coincide still diverge, which a single keyed hash of a
   32-bit counter could not guarantee.
   """
-  x = element_index(shape) ^ key
+  x = element_index(shape, row_stride=row_stride,
+                    row_offset=row_offset) ^ key
   x = x ^ (x >> 16)
   x = x * _U32(0x7FEB352D)
   x = (x ^ (x >> 15)) + key

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_q._src import formats as formats_lib
+from optax_q._src import leafwise
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import rounding as rounding_lib
 
@@ -247,37 +248,39 @@ def _leaf_format(formats, path, leaf, root=None) -> Format | None:
   return fmt
 
 
-def _passthrough(q: QArray, rounding: str) -> bool:
-  """Whether the inner update sees the stored array itself.
+def _check_rounding(rounding: Any) -> str | dict[str, str]:
+  """A rounding name, or a dict {field: rounding name}, checked early."""
+  if isinstance(rounding, Mapping):
+    out = {}
+    for key, mode in rounding.items():
+      if not isinstance(key, str):
+        raise ValueError(
+            f'rounding keys must be state field names (str), got {key!r}.')
+      out[key] = formats_lib.check_rounding(mode, f'rounding[{key!r}]')
+    return out
+  return formats_lib.check_rounding(rounding)
 
-  Unscaled formats whose codes are a native float dtype (``bf16``,
-  ``fp16``) are handed to the inner transform as they are stored when
-  rounding to nearest: the arithmetic then promotes exactly as Optax's own
-  ``mu_dtype`` does, so ``mu_format='bf16'`` matches
-  ``optax.adamw(mu_dtype=jnp.bfloat16)`` bit for bit. Everything else is
-  decoded to float32.
-  """
-  return (rounding == 'nearest' and q.scale is None
-          and q.fmt.kind == 'float' and q.fmt.bits >= 16)
 
-
-def _stall(old: QArray, new: QArray) -> jax.Array:
-  """Fraction of elements whose stored code did not change."""
-  if old.size == 0:
-    return jnp.zeros((), jnp.float32)
-  return qarray_lib.unchanged_count(old, new) / jnp.float32(old.size)
+def leaf_rounding(rounding: str | Mapping[str, str],
+                  field: str | None) -> str:
+  """The rounding of a leaf of ``field`` (unlisted fields: stochastic)."""
+  if isinstance(rounding, Mapping):
+    return rounding.get(field, 'stochastic')
+  return rounding
 
 
 def quantize_state(
     inner: optax.GradientTransformation,
     formats: FormatSpec = 'int8_dynamic',
     *,
-    rounding: str = 'stochastic',
+    rounding: str | Mapping[str, str] = 'stochastic',
     seed: int = 0,
     min_size: int = 4096,
     block_size: int = 128,
     scale: str | None = None,
     track_stalls: bool = True,
+    elementwise: bool = False,
+    tile_size: int | None = 2**18,
 ) -> optax.GradientTransformationExtraArgs:
   """Keeps the state of ``inner`` in low-precision formats.
 
@@ -305,7 +308,9 @@ def quantize_state(
       are), or a callable ``(path, leaf) -> format or None`` where ``path``
       is the leaf's ``'a/b/c'`` name in the inner state.
     rounding: ``'nearest'`` (round half to even) or ``'stochastic'``
-      (unbiased, from a counter-based hash of seed, step, leaf and element).
+      (unbiased, from a counter-based hash of seed, step, leaf and element),
+      or a dict ``{field: rounding}`` such as ``{'mu': 'nearest', 'nu':
+      'stochastic'}`` (unlisted fields round stochastically).
     seed: Seed of the stochastic rounding.
     min_size: Leaves with fewer elements stay unquantized (bitsandbytes uses
       4096).
@@ -315,6 +320,17 @@ def quantize_state(
       and ``fp16``.
     track_stalls: Keep the per-leaf stalled fraction of the last step in the
       state (one float32 scalar per quantized leaf).
+    elementwise: Declares that ``inner`` is elementwise: each parameter's
+      new state and update depend only on that parameter's gradient, state
+      and value and on shared scalars (``scale_by_adam``, ``scale_by_lion``,
+      ``trace``; not ``scale_by_adafactor`` or global-norm clipping). The
+      update then runs one parameter at a time, large ones in tiles of
+      rows, so that no float32 copy of the whole state is ever alive; the
+      results are bit for bit those of the whole-tree path. The drop-in
+      optimizers set it. A state not laid out per parameter (or codes held
+      in ``nnx.Variable`` boxes) takes the whole-tree path.
+    tile_size: With ``elementwise``, the most elements per tile of a large
+      parameter (whole rows along its first axis); None turns tiling off.
 
   Returns:
     A gradient transformation whose state is a :class:`QuantizedState`.
@@ -336,7 +352,7 @@ def quantize_state(
     <https://arxiv.org/abs/2309.01507>`_, 2023
   """
   formats = _check_formats(formats)
-  rounding = formats_lib.check_rounding(rounding)
+  rounding = _check_rounding(rounding)
   block_size = formats_lib.check_block_size(block_size)
   if scale is not None:
     scale = formats_lib.check_scale(scale)
@@ -351,8 +367,19 @@ def quantize_state(
     raise ValueError(
         f'min_size must be a non-negative Python int, got {min_size!r}.'
         + (static_hint if isinstance(min_size, jax.Array) else ''))
-  if isinstance(formats, Mapping):
-    check_known_fields('formats', formats, _probe_fields(inner), 'float')
+  if not isinstance(elementwise, bool):
+    raise ValueError(f'elementwise must be a bool, got {elementwise!r}.')
+  if tile_size is not None and (
+      not isinstance(tile_size, int) or isinstance(tile_size, bool)
+      or tile_size < 1):
+    raise ValueError(
+        f'tile_size must be a positive int or None, got {tile_size!r}.')
+  if isinstance(formats, Mapping) or isinstance(rounding, Mapping):
+    known = _probe_fields(inner)
+    if isinstance(formats, Mapping):
+      check_known_fields('formats', formats, known, 'float')
+    if isinstance(rounding, Mapping):
+      check_known_fields('rounding', rounding, known, 'float')
 
   def encode_new(x, fmt, scale_mode, key):
     return qarray_lib.encode(
@@ -397,27 +424,50 @@ def quantize_state(
 
   def update_fn(updates, state, params=None, **extra_args):
     old = state.inner_state
-    decoded = jax.tree.map(
-        lambda x: _decode_for_inner(x, rounding), old, is_leaf=qarray_lib.is_qarray)
-    new_updates, new_inner = optax.with_extra_args_support(inner).update(
-        updates, decoded, params, **extra_args)
-
+    inner_update = optax.with_extra_args_support(inner).update
     flat_old, treedef = jax.tree.flatten(old, is_leaf=qarray_lib.is_qarray)
-    flat_new = treedef.flatten_up_to(new_inner)
-    out = []
-    for index, (o, n) in enumerate(zip(flat_old, flat_new)):
-      if qarray_lib.is_qarray(o):
-        key = None
-        if rounding == 'stochastic':
-          key = rounding_lib.stream_key(seed, state.count, index)
-        q = qarray_lib.encode(
-            jnp.asarray(n, jnp.float32), o.fmt, scale_mode=o.scale_mode,
-            block_size=o.block_size or block_size, key=key, dtype=o.dtype)
-        out.append(q)
-      else:
+    fields = [field_name(path, old) for path, _ in
+              jax.tree_util.tree_flatten_with_path(
+                  old, is_leaf=qarray_lib.is_qarray)[0]]
+
+    def rounding_for(index):
+      return leaf_rounding(rounding, fields[index])
+
+    def key_for(index):
+      if rounding_for(index) != 'stochastic':
+        return None
+      return rounding_lib.stream_key(seed, state.count, index)
+
+    result = None
+    if elementwise:
+      result = leafwise.update(
+          inner_update, updates, old, params, extra_args, key_for=key_for,
+          rounding_for=rounding_for, block_size=block_size,
+          tile_size=tile_size, track_stalls=track_stalls)
+    if result is not None:
+      new_updates, new_qstate, stall_at = result
+      stalled = None
+      if track_stalls:
+        stalled = treedef.unflatten([
+            stall_at[i] if qarray_lib.is_qarray(o) else None
+            for i, o in enumerate(flat_old)])
+    else:
+      decoded = treedef.unflatten([
+          leafwise.decode_for_inner(o, rounding_for(i))
+          for i, o in enumerate(flat_old)])
+      new_updates, new_inner = inner_update(
+          updates, decoded, params, **extra_args)
+      flat_new = treedef.flatten_up_to(new_inner)
+      out = []
+      for index, (o, n) in enumerate(zip(flat_old, flat_new)):
+        if qarray_lib.is_qarray(o):
+          n = qarray_lib.encode(
+              jnp.asarray(n, jnp.float32), o.fmt, scale_mode=o.scale_mode,
+              block_size=o.block_size or block_size, key=key_for(index),
+              dtype=o.dtype)
         out.append(n)
-    new_qstate = treedef.unflatten(out)
-    stalled = _stall_tree(new_qstate, old) if track_stalls else None
+      new_qstate = treedef.unflatten(out)
+      stalled = _stall_tree(new_qstate, old) if track_stalls else None
     new_updates = jax.tree.map(
         lambda u, g: u if g is None or u is None else u.astype(g.dtype),
         new_updates, updates, is_leaf=lambda x: x is None)
@@ -428,14 +478,6 @@ def quantize_state(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _decode_for_inner(x, rounding):
-  if not qarray_lib.is_qarray(x):
-    return x
-  if _passthrough(x, rounding):
-    return x.codes.reshape(x.shape)
-  return qarray_lib.decode(x, jnp.float32)
-
-
 def _stall_tree(new, old):
   """Per-quantized-leaf stalled fractions (zeros at init), None elsewhere."""
   if old is None:
@@ -443,7 +485,7 @@ def _stall_tree(new, old):
         lambda x: jnp.zeros([], jnp.float32) if qarray_lib.is_qarray(x)
         else None, new, is_leaf=qarray_lib.is_qarray)
   return jax.tree.map(
-      lambda n, o: _stall(o, n) if qarray_lib.is_qarray(n) else None,
+      lambda n, o: leafwise.stall(o, n) if qarray_lib.is_qarray(n) else None,
       new, old, is_leaf=qarray_lib.is_qarray)
 
 

@@ -1,0 +1,404 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""One pass per parameter leaf: the fused update of ``quantize_state``.
+
+Decoding every moment, running the inner update on the whole tree and
+encoding every moment leaves the compiler a graph in which each new moment
+has several readers (the update, the block maxima, the encoder, the stall
+count), so it is written out in float32: the compiled step then holds the
+whole state in float32 as temporaries, more than the quantized state saves.
+
+When the inner transform is elementwise (each parameter's new state and
+update depend only on that parameter's gradient, state and value, and on
+shared scalars such as a step count), the update runs one parameter at a
+time, and a large parameter is cut into tiles of whole rows along its first
+axis, handled by a loop: decode the tile's codes, run the inner update on
+the tile, encode, count unchanged codes, write back in place. Temporaries
+are one tile, the tile stays in cache between decode and encode, and the
+results are bit for bit those of the whole-tree path (scale blocks lie
+along the last axis, inside a row, and the stochastic-rounding bits are
+drawn at each element's global index).
+
+Tile ``t`` of ``T`` holds rows ``t, t + T, t + 2T, ...``: its slice is taken
+along a new unsharded axis of a ``(rows / T, T, ...)`` view, so a leaf
+sharded along its first axis is tiled shard by shard, without gathering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import math
+from typing import Any
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from optax_q._src import qarray as qarray_lib
+
+QArray = qarray_lib.QArray
+
+
+def passthrough(q: QArray, rounding: str) -> bool:
+  """Whether the inner update sees the stored array itself.
+
+  Unscaled formats whose codes are a native float dtype (``bf16``,
+  ``fp16``) are handed to the inner transform as they are stored when
+  rounding to nearest: the arithmetic then promotes exactly as Optax's own
+  ``mu_dtype`` does, so ``mu_format='bf16'`` matches
+  ``optax.adamw(mu_dtype=jnp.bfloat16)`` bit for bit. Everything else is
+  decoded to float32.
+  """
+  return (rounding == 'nearest' and q.scale is None
+          and q.fmt.kind == 'float' and q.fmt.bits >= 16)
+
+
+def decode_for_inner(x: Any, rounding: str) -> Any:
+  """What the inner transform sees for a stored leaf ``x``."""
+  if not qarray_lib.is_qarray(x):
+    return x
+  if passthrough(x, rounding):
+    return x.codes.reshape(x.shape)
+  return qarray_lib.decode(x, jnp.float32)
+
+
+def stall(old: QArray, new: QArray) -> jax.Array:
+  """Fraction of elements whose stored code did not change."""
+  if old.size == 0:
+    return jnp.zeros((), jnp.float32)
+  return qarray_lib.unchanged_count(old, new) / jnp.float32(old.size)
+
+
+def num_tiles(shape: tuple[int, ...], tile_size: int | None) -> int:
+  """Tiles along the first axis for a leaf of ``shape`` (1: no loop).
+
+  The smallest divisor ``T`` of ``shape[0]`` that brings a tile to at most
+  ``tile_size`` elements (``shape[0]`` itself if none does).
+  """
+  size = math.prod(shape)
+  if tile_size is None or len(shape) < 2 or size <= tile_size:
+    return 1
+  rows = shape[0]
+  for t in range(2, rows + 1):
+    if rows % t == 0 and -(-size // t) <= tile_size:
+      return t
+  return rows
+
+
+def _explicitly_sharded(x: Any) -> bool:
+  """Whether ``x`` is traced with a sharding spelled out in its type."""
+  try:
+    spec = jax.typeof(x).sharding.spec
+  except Exception:  # pylint: disable=broad-except
+    return False
+  return any(s is not None for s in spec)
+
+
+def _to_bits(codes: jax.Array) -> jax.Array:
+  """Float codes as unsigned bits (a loop updates those in place)."""
+  if jnp.issubdtype(codes.dtype, jnp.floating):
+    uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[codes.dtype.itemsize]
+    return lax.bitcast_convert_type(codes, uint)
+  return codes
+
+
+def _from_bits(bits: jax.Array, dtype) -> jax.Array:
+  if bits.dtype != dtype:
+    return lax.bitcast_convert_type(bits, dtype)
+  return bits
+
+
+def _structure(x):
+  return jax.tree.structure(x, is_leaf=qarray_lib.is_qarray)
+
+
+def update(
+    inner_update: Callable[..., Any],
+    updates: Any,
+    old: Any,
+    params: Any,
+    extra_args: dict[str, Any],
+    *,
+    key_for: Callable[[int], jax.Array | None],
+    rounding_for: Callable[[int], str],
+    block_size: int,
+    tile_size: int | None,
+    track_stalls: bool,
+) -> tuple[Any, Any, dict[int, jax.Array]] | None:
+  """The inner update, one parameter leaf (and tile) at a time.
+
+  Args:
+    inner_update: The inner transform's ``update`` (extra-args aware).
+    updates: The incoming updates (the parameters' tree).
+    old: The stored inner state (:class:`QArray` leaves where quantized).
+    params: The parameters, or None.
+    extra_args: Passed to every call of ``inner_update``.
+    key_for: Stochastic-rounding key of the quantized leaf at a flat index
+      of ``old`` (flattened with QArrays as leaves), None for nearest.
+    rounding_for: Rounding of the quantized leaf at a flat index.
+    block_size: Default block size for encoding.
+    tile_size: Most elements per tile, or None for no tiling.
+    track_stalls: Whether to count unchanged codes.
+
+  Returns:
+    ``(new_updates, new_inner_state, {flat index: stalled fraction})``, or
+    None when the state is not laid out per parameter (a quantized leaf
+    outside a subtree shaped like the parameters, boxed codes, no
+    parameters): the caller then takes the whole-tree path.
+  """
+  pdef = jax.tree.structure(updates)
+  pleaves = jax.tree.leaves(updates)
+  if not pleaves:
+    return None
+  pshapes = [tuple(x.shape) for x in pleaves]
+  plist = None if params is None else pdef.flatten_up_to(params)
+
+  def is_param_shaped(x):
+    if x is None or _structure(x) != pdef:
+      return False
+    leaves = jax.tree.leaves(x, is_leaf=qarray_lib.is_qarray)
+    return all(hasattr(a, 'shape') and tuple(a.shape) == s
+               for a, s in zip(leaves, pshapes))
+
+  if not any(qarray_lib.is_qarray(x) for x in jax.tree.leaves(
+      old, is_leaf=qarray_lib.is_qarray)):
+    return None  # Nothing quantized: the inner update as it is.
+  slots, sdef = jax.tree.flatten(
+      old, is_leaf=lambda x: qarray_lib.is_qarray(x) or is_param_shaped(x))
+  per_param = []  # For each slot: its leaves by parameter, or None.
+  base = []  # Flat index (QArrays as leaves) of each slot's first leaf.
+  offset = 0
+  for slot in slots:
+    leaves = jax.tree.leaves(slot, is_leaf=qarray_lib.is_qarray)
+    shaped = is_param_shaped(slot)
+    if not shaped and any(qarray_lib.is_qarray(a) for a in leaves):
+      return None
+    if shaped and any(
+        qarray_lib.is_qarray(a) and not isinstance(a.codes, jax.Array)
+        for a in leaves):
+      return None  # Codes in a box (an nnx.Variable): keep the whole path.
+    per_param.append(leaves if shaped else None)
+    base.append(offset)
+    offset += len(leaves)
+
+  def call(gs, ps, values):
+    """inner_update on some parameters: gradients ``gs``, values ``ps``,
+    and per shaped slot the list of those parameters' state values."""
+    it = iter(values)
+    state = sdef.unflatten([
+        list(next(it)) if leaves is not None else slot
+        for slot, leaves in zip(slots, per_param)])
+    us, new = inner_update(list(gs), state, ps, **extra_args)
+    new_slots = sdef.flatten_up_to(new)
+    shaped = [list(s) for s, leaves in zip(new_slots, per_param)
+              if leaves is not None]
+    rest = [s for s, leaves in zip(new_slots, per_param) if leaves is None]
+    return list(us), shaped, rest
+
+  def call_one(g, p, values):
+    us, shaped, rest = call([g], None if p is None else [p],
+                            [[v] for v in values])
+    return us[0], [s[0] for s in shaped], rest
+
+  shaped_slots = [k for k, leaves in enumerate(per_param) if leaves is not None]
+
+  def entries_of(j):
+    return [(k, per_param[k][j], base[k] + j) for k in shaped_slots]
+
+  def tiles_of(j):
+    entries = entries_of(j)
+    if not any(qarray_lib.is_qarray(x) for _, x, _ in entries):
+      return 1
+    modes = {x.scale_mode for _, x, _ in entries if qarray_lib.is_qarray(x)}
+    if 'tensor' in modes or modes == {'none'}:
+      # A tensor scale needs the whole leaf; unscaled codes (bf16) have no
+      # block maxima, and the compiler fuses their step without tiles.
+      return 1
+    if any(_explicitly_sharded(x) for x in (pleaves[j], None if plist is None
+                                            else plist[j]) if x is not None):
+      return 1
+    return num_tiles(pshapes[j], tile_size)
+
+  tiles = [tiles_of(j) for j in range(len(pleaves))]
+  if all(t == 1 for t in tiles):
+    return None  # Nothing to tile: the whole-tree path is as good.
+
+  new_leaves = [[None] * len(pleaves) if leaves is not None else None
+                for leaves in per_param]
+  new_updates = [None] * len(pleaves)
+  stalled = {}
+  rest_out = None
+  # Parameters that are not tiled: one call, as the whole-tree path.
+  small = [j for j, t in enumerate(tiles) if t == 1]
+  if small:
+    values = [[decode_for_inner(per_param[k][j], rounding_for(base[k] + j))
+               for j in small] for k in shaped_slots]
+    us, shaped, rest_out = call(
+        [pleaves[j] for j in small],
+        None if plist is None else [plist[j] for j in small], values)
+    for j, u in zip(small, us):
+      new_updates[j] = u
+    for k, news in zip(shaped_slots, shaped):
+      for j, n in zip(small, news):
+        x, i = per_param[k][j], base[k] + j
+        if qarray_lib.is_qarray(x):
+          n = qarray_lib.encode(
+              jnp.asarray(n, jnp.float32), x.fmt, scale_mode=x.scale_mode,
+              block_size=x.block_size or block_size, key=key_for(i),
+              dtype=x.dtype)
+          if track_stalls:
+            stalled[i] = stall(x, n)
+        new_leaves[k][j] = n
+  # Large parameters: one tiled loop each.
+  for j, t in enumerate(tiles):
+    if t == 1:
+      continue
+    p = None if plist is None else plist[j]
+    entries = entries_of(j)
+    u, shaped, rest = _tiled(
+        call_one, pleaves[j], p, entries, t, key_for=key_for,
+        rounding_for=rounding_for, block_size=block_size,
+        track_stalls=track_stalls, stalled=stalled)
+    for (k, _, _), n in zip(entries, shaped):
+      new_leaves[k][j] = n
+    new_updates[j] = u
+    if rest_out is None:
+      rest_out = rest
+
+  rest_it = iter(rest_out)
+  new_slots = [
+      pdef.unflatten(new_leaves[k]) if per_param[k] is not None
+      else next(rest_it) for k in range(len(slots))]
+  return pdef.unflatten(new_updates), sdef.unflatten(new_slots), stalled
+
+
+def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
+           block_size, track_stalls, stalled):
+  """One parameter in ``tiles`` tiles of rows, by a loop updating in place.
+
+  ``entries`` are its state leaves ``(slot, leaf, flat index)``; returns its
+  update, new state leaves and the shared outputs, and records stalled
+  fractions in ``stalled``.
+  """
+  shape = tuple(g.shape)
+  rows = shape[0] // tiles
+  tile_shape = (rows,) + shape[1:]
+
+  def split(x):
+    return x.reshape((rows, tiles) + tuple(x.shape[1:]))
+
+  def take(x, t):
+    return lax.dynamic_index_in_dim(x, t, axis=1, keepdims=False)
+
+  def put(x, v, t):
+    return lax.dynamic_update_index_in_dim(x, v, t, axis=1)
+
+  g_split = split(g)
+  p_split = None if p is None else split(p)
+
+  def tile_inputs(bufs, t):
+    """Old values of tile ``t`` as the inner update sees them, and QArrays."""
+    values, olds = [], []
+    for n, ((_, x, i), buf) in enumerate(zip(entries, bufs)):
+      if qarray_lib.is_qarray(x):
+        codes, scale = buf
+        q = QArray(_from_bits(take(codes, t), x.codes.dtype),
+                   None if scale is None else take(scale, t), x.fmt,
+                   tile_shape, x.dtype, x.scale_mode, x.block_size)
+        values.append(decode_for_inner(q, rounding_for(i)))
+        olds.append(q)
+      else:
+        values.append(take(buf if inplace[n] else x_split[n], t))
+        olds.append(None)
+    return values, olds
+
+  def tile_step(bufs, t):
+    values, olds = tile_inputs(bufs, t)
+    u, shaped, rest = call(
+        take(g_split, t), None if p_split is None else take(p_split, t),
+        values)
+    outs, counts = [], []
+    for (_, x, i), q_old, n in zip(entries, olds, shaped):
+      if q_old is None:
+        outs.append(n)
+        continue
+      q = qarray_lib.encode(
+          jnp.asarray(n, jnp.float32), x.fmt, scale_mode=x.scale_mode,
+          block_size=x.block_size or block_size, key=key_for(i),
+          dtype=x.dtype, row_stride=tiles, row_offset=t)
+      outs.append(q)
+      if track_stalls:
+        counts.append(qarray_lib.unchanged_count(q_old, q))
+    return u, outs, rest, counts
+
+  # Loop buffers: codes (float codes as bits) and scales of quantized
+  # leaves, the other leaves, the updates, the shared outputs (step counts),
+  # unchanged-code counts. Each starts as what it replaces, so the loop
+  # writes over the donated state in place.
+  bufs0 = []
+  inplace = [True] * len(entries)
+  x_split = [None] * len(entries)
+  for _, x, _ in entries:
+    if qarray_lib.is_qarray(x):
+      bufs0.append((split(_to_bits(x.codes)),
+                    None if x.scale is None else split(x.scale)))
+    else:
+      bufs0.append(split(x))
+  out_shapes = jax.eval_shape(lambda b: tile_step(b, jnp.int32(0)), bufs0)
+  u_shape, shaped_shapes, rest_shapes, _ = out_shapes
+  for n, (_, x, _) in enumerate(entries):
+    if not qarray_lib.is_qarray(x):
+      s = shaped_shapes[n]
+      if s.dtype != x.dtype or tuple(s.shape) != tile_shape:
+        # The inner update changes this leaf's dtype: read the old values
+        # from a view and write the new ones to a fresh buffer.
+        inplace[n] = False
+        x_split[n] = bufs0[n]
+        bufs0[n] = jnp.zeros((rows, tiles) + shape[1:], s.dtype)
+  u0 = jnp.zeros((rows, tiles) + shape[1:], u_shape.dtype)
+  rest0 = [jnp.zeros(s.shape, s.dtype) for s in rest_shapes]
+  n_q = sum(qarray_lib.is_qarray(x) for _, x, _ in entries)
+  counts0 = [jnp.zeros((), jnp.float32)] * (n_q if track_stalls else 0)
+
+  def body(t, carry):
+    bufs, u_buf, _, counts = carry
+    u, outs, rest, new_counts = tile_step(bufs, t)
+    new_bufs = []
+    for (_, x, _), buf, n in zip(entries, bufs, outs):
+      if qarray_lib.is_qarray(x):
+        codes, scale = buf
+        new_bufs.append((put(codes, _to_bits(n.codes), t),
+                         None if scale is None else put(scale, n.scale, t)))
+      else:
+        new_bufs.append(put(buf, n.astype(buf.dtype), t))
+    counts = [c + n for c, n in zip(counts, new_counts)]
+    rest = [lax.convert_element_type(r, r0.dtype) for r, r0 in zip(rest, rest0)]
+    return new_bufs, put(u_buf, u.astype(u_buf.dtype), t), rest, counts
+
+  bufs, u_buf, rest, counts = lax.fori_loop(
+      0, tiles, body, (bufs0, u0, rest0, counts0))
+
+  shaped, count_it = [], iter(counts)
+  for (_, x, i), buf in zip(entries, bufs):
+    if qarray_lib.is_qarray(x):
+      codes, scale = buf
+      shaped.append(QArray(
+          _from_bits(codes.reshape(x.codes.shape), x.codes.dtype),
+          None if scale is None else scale.reshape(x.scale.shape), x.fmt,
+          x.shape, x.dtype, x.scale_mode, x.block_size))
+      if track_stalls:
+        stalled[i] = next(count_it) / jnp.float32(max(x.size, 1))
+    else:
+      shaped.append(buf.reshape(shape))
+  return u_buf.reshape(shape), shaped, rest
