@@ -285,11 +285,13 @@ def update(
 
 def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
            block_size, track_stalls, stalled):
-  """One parameter in ``tiles`` tiles of rows, by a loop updating in place.
+  """One parameter in ``tiles`` tiles of rows, by a loop.
 
   ``entries`` are its state leaves ``(slot, leaf, flat index)``; returns its
   update, new state leaves and the shared outputs, and records stalled
-  fractions in ``stalled``.
+  fractions in ``stalled``. The old state is only read and the new one only
+  written, tile by tile: a buffer that the loop both reads and updates in
+  place would be copied whole on every iteration.
   """
   shape = tuple(g.shape)
   rows = shape[0] // tiles
@@ -306,30 +308,32 @@ def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
 
   g_split = split(g)
   p_split = None if p is None else split(p)
+  olds = []  # Per entry: (codes bits, scales) of a QArray, else the array.
+  for _, x, _ in entries:
+    if qarray_lib.is_qarray(x):
+      olds.append((split(_to_bits(x.codes)),
+                   None if x.scale is None else split(x.scale)))
+    else:
+      olds.append(split(x))
 
-  def tile_inputs(bufs, t):
-    """Old values of tile ``t`` as the inner update sees them, and QArrays."""
-    values, olds = [], []
-    for n, ((_, x, i), buf) in enumerate(zip(entries, bufs)):
+  def tile_step(t):
+    values, old_q = [], []
+    for (_, x, i), old in zip(entries, olds):
       if qarray_lib.is_qarray(x):
-        codes, scale = buf
+        codes, scale = old
         q = QArray(_from_bits(take(codes, t), x.codes.dtype),
                    None if scale is None else take(scale, t), x.fmt,
                    tile_shape, x.dtype, x.scale_mode, x.block_size)
         values.append(decode_for_inner(q, rounding_for(i)))
-        olds.append(q)
+        old_q.append(q)
       else:
-        values.append(take(buf if inplace[n] else x_split[n], t))
-        olds.append(None)
-    return values, olds
-
-  def tile_step(bufs, t):
-    values, olds = tile_inputs(bufs, t)
+        values.append(take(old, t))
+        old_q.append(None)
     u, shaped, rest = call(
         take(g_split, t), None if p_split is None else take(p_split, t),
         values)
     outs, counts = [], []
-    for (_, x, i), q_old, n in zip(entries, olds, shaped):
+    for (_, x, i), q_old, n in zip(entries, old_q, shaped):
       if q_old is None:
         outs.append(n)
         continue
@@ -337,57 +341,30 @@ def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
           jnp.asarray(n, jnp.float32), x.fmt, scale_mode=x.scale_mode,
           block_size=x.block_size or block_size, key=key_for(i),
           dtype=x.dtype, row_stride=tiles, row_offset=t)
-      outs.append(q)
+      outs.append((_to_bits(q.codes), q.scale))
       if track_stalls:
         counts.append(qarray_lib.unchanged_count(q_old, q))
     return u, outs, rest, counts
 
-  # Loop buffers: codes (float codes as bits) and scales of quantized
-  # leaves, the other leaves, the updates, the shared outputs (step counts),
-  # unchanged-code counts. Each starts as what it replaces, so the loop
-  # writes over the donated state in place.
-  bufs0 = []
-  inplace = [True] * len(entries)
-  x_split = [None] * len(entries)
-  for _, x, _ in entries:
-    if qarray_lib.is_qarray(x):
-      bufs0.append((split(_to_bits(x.codes)),
-                    None if x.scale is None else split(x.scale)))
-    else:
-      bufs0.append(split(x))
-  out_shapes = jax.eval_shape(lambda b: tile_step(b, jnp.int32(0)), bufs0)
-  u_shape, shaped_shapes, rest_shapes, _ = out_shapes
-  for n, (_, x, _) in enumerate(entries):
-    if not qarray_lib.is_qarray(x):
-      s = shaped_shapes[n]
-      if s.dtype != x.dtype or tuple(s.shape) != tile_shape:
-        # The inner update changes this leaf's dtype: read the old values
-        # from a view and write the new ones to a fresh buffer.
-        inplace[n] = False
-        x_split[n] = bufs0[n]
-        bufs0[n] = jnp.zeros((rows, tiles) + shape[1:], s.dtype)
-  u0 = jnp.zeros((rows, tiles) + shape[1:], u_shape.dtype)
-  rest0 = [jnp.zeros(s.shape, s.dtype) for s in rest_shapes]
-  n_q = sum(qarray_lib.is_qarray(x) for _, x, _ in entries)
-  counts0 = [jnp.zeros((), jnp.float32)] * (n_q if track_stalls else 0)
+  # Output buffers, written tile by tile: the updates, the new state
+  # leaves, the shared outputs (step counts) and unchanged-code counts.
+  u_shape, out_shapes, rest_shapes, count_shapes = jax.eval_shape(
+      lambda: tile_step(jnp.int32(0)))
+  full = lambda s: jnp.zeros((rows, tiles) + s.shape[1:], s.dtype)  # noqa: E731
+  carry0 = (full(u_shape), jax.tree.map(full, out_shapes),
+            [jnp.zeros(s.shape, s.dtype) for s in rest_shapes],
+            [jnp.zeros((), jnp.float32) for _ in count_shapes])
 
   def body(t, carry):
-    bufs, u_buf, _, counts = carry
-    u, outs, rest, new_counts = tile_step(bufs, t)
-    new_bufs = []
-    for (_, x, _), buf, n in zip(entries, bufs, outs):
-      if qarray_lib.is_qarray(x):
-        codes, scale = buf
-        new_bufs.append((put(codes, _to_bits(n.codes), t),
-                         None if scale is None else put(scale, n.scale, t)))
-      else:
-        new_bufs.append(put(buf, n.astype(buf.dtype), t))
+    u_buf, bufs, rest0, counts = carry
+    u, outs, rest, new_counts = tile_step(t)
+    bufs = jax.tree.map(lambda b, v: put(b, v.astype(b.dtype), t), bufs, outs)
+    rest = [lax.convert_element_type(r, r0.dtype)
+            for r, r0 in zip(rest, rest0)]
     counts = [c + n for c, n in zip(counts, new_counts)]
-    rest = [lax.convert_element_type(r, r0.dtype) for r, r0 in zip(rest, rest0)]
-    return new_bufs, put(u_buf, u.astype(u_buf.dtype), t), rest, counts
+    return put(u_buf, u.astype(u_buf.dtype), t), bufs, rest, counts
 
-  bufs, u_buf, rest, counts = lax.fori_loop(
-      0, tiles, body, (bufs0, u0, rest0, counts0))
+  u_buf, bufs, rest, counts = lax.fori_loop(0, tiles, body, carry0)
 
   shaped, count_it = [], iter(counts)
   for (_, x, i), buf in zip(entries, bufs):

@@ -1,0 +1,207 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The leafwise, tiled update of elementwise inner transforms.
+
+Reference: the whole-tree path of the same ``quantize_state``. The two
+compile to different fusions, so float32 arithmetic may differ in the last
+bit (the compiler contracts multiply-adds differently); the stored codes
+then agree except at rounding boundaries, and the random bits of stochastic
+rounding are the same (drawn at each element's global index).
+"""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import optax_q
+from optax_q._src import leafwise
+from optax_q._src import rounding as rounding_lib
+
+
+def _params():
+  keys = jax.random.split(jax.random.key(0), 4)
+  return {
+      'big': jax.random.normal(keys[0], (64, 384)) * 0.1,  # 8 tiles
+      'rank3': jax.random.normal(keys[1], (12, 5, 96)) * 0.1,  # 3 tiles
+      'odd': jax.random.normal(keys[2], (40, 130)) * 0.1,  # ragged blocks
+      'small': jax.random.normal(keys[3], (200,)),  # not tiled
+  }
+
+
+def _grads(step, params):
+  key = jax.random.fold_in(jax.random.key(1), step)
+  return {k: jax.random.normal(jax.random.fold_in(key, i), p.shape)
+          for i, (k, p) in enumerate(sorted(params.items()))}
+
+
+def _run(tx, params, steps=3):
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  outs = []
+  for i in range(steps):
+    u, state = update(_grads(i, params), state, params)
+    params = optax.apply_updates(params, u)
+    outs.append(u)
+  return params, state, outs
+
+
+def _pair(inner_fn, formats, rounding, **kwargs):
+  whole = optax_q.quantize_state(
+      inner_fn(), formats, rounding=rounding, min_size=0, **kwargs)
+  tiled = optax_q.quantize_state(
+      inner_fn(), formats, rounding=rounding, min_size=0, elementwise=True,
+      tile_size=4096, **kwargs)
+  return whole, tiled
+
+
+class TilingTest(parameterized.TestCase):
+
+  def test_num_tiles(self):
+    self.assertEqual(leafwise.num_tiles((64, 384), 4096), 8)
+    self.assertEqual(leafwise.num_tiles((12, 5, 96), 4096), 2)
+    self.assertEqual(leafwise.num_tiles((64, 384), None), 1)
+    self.assertEqual(leafwise.num_tiles((100_000,), 4096), 1)  # rank 1
+    self.assertEqual(leafwise.num_tiles((7, 100_000), 4096), 7)  # rows
+
+  def test_row_tile_index_is_the_global_index(self):
+    full = rounding_lib.element_index((12, 4, 5))
+    for t in range(3):
+      tile = rounding_lib.element_index((4, 4, 5), row_stride=3,
+                                        row_offset=jnp.int32(t))
+      np.testing.assert_array_equal(
+          tile, np.asarray(full).reshape(4, 3, 4, 5)[:, t])
+
+  @parameterized.product(
+      fmt=('int8_dynamic', 'fp8_e4m3', 'int4', 'fp4_e2m1', 'int8'),
+      rounding=('nearest', 'stochastic'))
+  def test_tiled_matches_whole_tree(self, fmt, rounding):
+    params = _params()
+    whole, tiled = _pair(optax.scale_by_adam, fmt, rounding)
+    pw, sw, uw = _run(whole, params)
+    pt, st, ut = _run(tiled, params)
+    for a, b in zip(jax.tree.leaves(uw), jax.tree.leaves(ut)):
+      np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(pw), jax.tree.leaves(pt)):
+      np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+    qw = optax_q.quantized_leaves(sw)
+    qt = optax_q.quantized_leaves(st)
+    self.assertEqual(sorted(qw), sorted(qt))
+    for name in qw:
+      a, b = qw[name], qt[name]
+      self.assertEqual(a.codes.shape, b.codes.shape)
+      same = np.mean(np.asarray(a.codes) == np.asarray(b.codes))
+      self.assertGreater(same, 0.995, name)
+      np.testing.assert_allclose(a.scale, b.scale, rtol=2e-5)
+    for a, b in zip(jax.tree.leaves(optax_q.stall_fraction(sw)),
+                    jax.tree.leaves(optax_q.stall_fraction(st))):
+      self.assertAlmostEqual(float(a), float(b), delta=5e-3)
+
+  def test_lion_trace_and_mixed_fields(self):
+    params = _params()
+    for inner_fn, formats in (
+        (optax.scale_by_lion, 'int8_dynamic'),
+        (lambda: optax.trace(0.9), 'fp8_e4m3'),
+        # mu quantized, nu kept in float32: an unquantized leaf in the loop.
+        (optax.scale_by_adam, {'mu': 'int8'}),
+    ):
+      whole, tiled = _pair(inner_fn, formats, 'stochastic')
+      pw, _, _ = _run(whole, params)
+      pt, _, _ = _run(tiled, params)
+      for a, b in zip(jax.tree.leaves(pw), jax.tree.leaves(pt)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+  def test_resets_and_local_ages(self):
+    params = _params()
+    results = []
+    for elementwise in (False, True):
+      inner = optax_q.quantize_state(
+          optax_q.scale_by_adam_local_age(), 'int8_dynamic', min_size=0,
+          elementwise=elementwise, tile_size=4096)
+      tx = optax_q.reset_state(inner, {'mu': 2, 'nu': 3})
+      results.append(_run(tx, params, steps=4))
+    (pw, sw, _), (pt, st, _) = results
+    for a, b in zip(jax.tree.leaves(pw), jax.tree.leaves(pt)):
+      np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+    ages = lambda s: s.inner_state.inner_state  # noqa: E731
+    self.assertEqual(int(ages(sw).count_mu), int(ages(st).count_mu))
+    self.assertEqual(int(ages(sw).count_nu), int(ages(st).count_nu))
+
+  def test_temporaries_are_a_tile_not_the_state(self):
+    # The whole-tree step holds the new moments in float32 (8 MiB here, and
+    # more for the codebook search); the tiled step holds one tile of them
+    # and the new codes (a quarter of the float32 moments).
+    params = {'w': jnp.zeros((1024, 1024))}
+    grads = {'w': jnp.ones((1024, 1024))}
+    temp = {}
+    for elementwise in (False, True):
+      tx = optax_q.quantize_state(
+          optax.scale_by_adam(), 'int8_dynamic', elementwise=elementwise,
+          tile_size=2**14)
+      state = tx.init(params)
+      compiled = jax.jit(tx.update, donate_argnums=1).lower(
+          grads, state, params).compile()
+      temp[elementwise] = compiled.memory_analysis().temp_size_in_bytes
+    state_f32 = 2 * 1024 * 1024 * 4
+    self.assertGreater(temp[False], state_f32)
+    self.assertLess(temp[True], 0.4 * state_f32)
+
+  def test_unquantized_state_takes_the_inner_update(self):
+    # fp32 formats: nothing quantized, Optax's update bit for bit.
+    params = _params()
+    tx = optax_q.quantize_state(optax.scale_by_adam(), 'fp32',
+                                elementwise=True, tile_size=4096)
+    got, _, _ = _run(tx, params)
+    want, _, _ = _run(optax.scale_by_adam(), params)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(a, b)
+
+
+class PerFieldRoundingTest(absltest.TestCase):
+
+  def test_each_field_rounds_as_asked(self):
+    params = _params()
+    runs = {}
+    for name, rounding in (('rn', 'nearest'), ('sr', 'stochastic'),
+                           ('mix', {'mu': 'nearest', 'nu': 'stochastic'})):
+      tx = optax_q.quantize_state(optax.scale_by_adam(), 'int8',
+                                  rounding=rounding, min_size=0)
+      state = tx.init(params)
+      _, state = tx.update(_grads(0, params), state, params)
+      runs[name] = state.inner_state
+    np.testing.assert_array_equal(runs['mix'].mu['big'].codes,
+                                  runs['rn'].mu['big'].codes)
+    np.testing.assert_array_equal(runs['mix'].nu['big'].codes,
+                                  runs['sr'].nu['big'].codes)
+    self.assertFalse(np.array_equal(runs['rn'].nu['big'].codes,
+                                    runs['sr'].nu['big'].codes))
+
+  def test_bad_arguments(self):
+    inner = optax.scale_by_adam()
+    with self.assertRaisesRegex(ValueError, r"rounding\['nu'\] must be one"):
+      optax_q.quantize_state(inner, rounding={'nu': 'floor'})
+    with self.assertRaisesRegex(ValueError, r"rounding names unknown .*'v'"):
+      optax_q.quantize_state(inner, rounding={'v': 'nearest'})
+    with self.assertRaisesRegex(ValueError, 'tile_size must be a positive'):
+      optax_q.quantize_state(inner, elementwise=True, tile_size=0)
+    with self.assertRaisesRegex(ValueError, 'elementwise must be a bool'):
+      optax_q.quantize_state(inner, elementwise='yes')
+    with self.assertRaisesRegex(ValueError, r"rounding\['mu'\] must be one"):
+      optax_q.adamw(1e-3, rounding={'mu': 'up'})
+
+
+if __name__ == '__main__':
+  absltest.main()
