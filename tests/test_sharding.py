@@ -168,6 +168,27 @@ class ShardedUpdateTest(parameterized.TestCase):
     self.assertEqual(q.codes.addressable_shards[0].data.shape,
                      (32, q.codes.shape[1] // 2))
 
+  def test_tiled_leafwise_update_stays_local(self):
+    # Tiles of rows t, t + T, ... are sliced along an unsharded axis of a
+    # (rows / T, T, ...) view: each device tiles its own rows.
+    tx = optax.chain(
+        optax_q.quantize_state(
+            optax.scale_by_adam(), {'mu': 'int4', 'nu': 'fp8_e4m3'},
+            rounding='stochastic', block_size=32, min_size=0,
+            elementwise=True, tile_size=4096),
+        optax.scale(-1e-2))
+    sharded, plain, _, hlo = _run_both(tx, PARAMS)
+    self.assertIn('while', hlo)
+    self.assertNotIn('all-gather', hlo)
+    self.assertNotIn('all-to-all', hlo)
+    for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(plain)):
+      if jnp.issubdtype(a.dtype, jnp.floating):
+        np.testing.assert_allclose(np.asarray(a, np.float32),
+                                   np.asarray(b, np.float32), rtol=1e-5,
+                                   atol=1e-6)
+      else:
+        self.assertGreater(np.mean(np.asarray(a) == np.asarray(b)), 0.999)
+
   def test_last_axis_indivisible_after_blocking(self):
     # 96 / 32 = 3 blocks, which the 2-way 'model' axis can't split.
     layout = {'odd': ((64, 96), P('data', 'model')),
