@@ -68,7 +68,8 @@ class OptConfig:
     mu_format: first-moment format (``'fp32'`` with ``nu_format='fp32'``
       and ``rounding=None`` means plain ``optax.adamw``).
     nu_format: second-moment format.
-    rounding: ``'nearest'``, ``'stochastic'`` or ``None`` (fp32).
+    rounding: ``'nearest'``, ``'stochastic'``, ``'hybrid'`` (first moment
+      to nearest, second moment stochastic) or ``None`` (fp32).
   """
 
   name: str
@@ -89,7 +90,12 @@ FP32 = OptConfig('fp32', 'fp32', 'fp32', None)
 # `study_precision.py --configs` (see docs/precision.md).
 FOUR_BIT = ('fp4_e2m1', 'fp4_e2m2u')
 
-_ROUNDING_TAG = {'nearest': 'rn', 'stochastic': 'sr'}
+_ROUNDING_TAG = {'nearest': 'rn', 'stochastic': 'sr', 'hybrid': 'mix'}
+
+# 'hybrid': mu rounded to nearest (it is rewritten every step at b1 = 0.9,
+# so it does not stall), nu stochastically (it stalls under round-to-nearest
+# at b2 = 0.999).
+HYBRID_ROUNDING = {'mu': 'nearest', 'nu': 'stochastic'}
 
 
 def opt_config(mu_format: str, nu_format: str | None = None,
@@ -111,9 +117,11 @@ def parse_config(spec: str) -> OptConfig:
   if fmt == 'fp32':
     return FP32
   rounding = {'rn': 'nearest', 'nearest': 'nearest', 'sr': 'stochastic',
-              'stochastic': 'stochastic', '': 'stochastic'}.get(tag)
+              'stochastic': 'stochastic', '': 'stochastic',
+              'mix': 'hybrid', 'hybrid': 'hybrid'}.get(tag)
   if rounding is None:
-    raise ValueError(f'bad rounding {tag!r} in {spec!r}: use /rn or /sr')
+    raise ValueError(
+        f'bad rounding {tag!r} in {spec!r}: use /rn, /sr or /mix')
   if fmt == '4bit':
     return opt_config(*FOUR_BIT, rounding,
                       name=f'4bit/{_ROUNDING_TAG[rounding]}')
@@ -198,7 +206,7 @@ def make_optimizer(opt: OptConfig, cfg: RunConfig,
   return _make_optimizer(
       opt, _schedule_args(cfg), cfg.weight_decay, cfg.clip_norm, cfg.b1,
       cfg.b2, cfg.eps, cfg.block_size, cfg.min_size,
-      seed if opt.rounding == 'stochastic' else 0)
+      seed if opt.rounding in ('stochastic', 'hybrid') else 0)
 
 
 @functools.lru_cache(maxsize=64)
@@ -212,7 +220,8 @@ def _make_optimizer(opt, schedule_args, weight_decay, clip_norm, b1, b2, eps,
   else:
     adamw = optax_q.adamw(
         lr, **common, mu_format=opt.mu_format, nu_format=opt.nu_format,
-        rounding=opt.rounding, block_size=block_size, seed=seed,
+        rounding=(HYBRID_ROUNDING if opt.rounding == 'hybrid'
+                  else opt.rounding), block_size=block_size, seed=seed,
         min_size=min_size)
   return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
 
