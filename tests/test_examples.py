@@ -27,6 +27,10 @@ import sys
 import tempfile
 
 from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+
+import optax_q
 
 _EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / 'examples'
 sys.path.insert(0, str(_EXAMPLES))
@@ -156,6 +160,17 @@ class ExamplesTest(absltest.TestCase):
                      ('fp4_e2m2u', 'nearest'))
     with self.assertRaises(ValueError):
       _common.parse_config('int4/xx')
+
+  def test_mixed_rounding_config(self):
+    mix = _common.parse_config('fp8_e4m3/mix')
+    self.assertEqual((mix.name, mix.rounding), ('fp8_e4m3/mix', 'hybrid'))
+    tx = _common.make_optimizer(mix, _common.RunConfig(), seed=1)
+    params = {'w': jnp.ones((64, 128)), 'b': jnp.ones((64,))}
+    state = tx.init(params)
+    grads = jax.tree.map(lambda p: 0.1 * p, params)
+    _, state = tx.update(grads, state, params)
+    leaves = optax_q.quantized_leaves(state)
+    self.assertLen(leaves, 2)  # mu and nu of 'w'
 
 
 if __name__ == '__main__':
