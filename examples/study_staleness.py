@@ -80,16 +80,27 @@ def _decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def make_optimizer(fmt, rounding, resets, cfg, seed, fields=('mu', 'nu')):
+def make_optimizer(fmt, rounding, resets, cfg, seed, fields=('mu', 'nu'),
+                   reset_every=None):
+  """The chain for one row; ``reset_every`` overrides ``K*``."""
   lr = _common.schedule(cfg)
   common = dict(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                 weight_decay=cfg.weight_decay, mask=_decay_mask)
-  if fmt == 'fp32':
+  if fmt == 'fp32' and not resets:
     adamw = optax.adamw(lr, **common)
     period = None
+  elif fmt == 'fp32':
+    # Float32 moments with resets (Table 5's FP32 column): the reset
+    # machinery around unquantized state.
+    period = reset_every or 1000
+    adamw = optax_q.adamw(
+        lr, **common, mu_format='fp32', nu_format='fp32',
+        reset_every={f: period for f in fields})
   else:
     mu, nu = FORMATS[fmt]
-    period = optax_q.reset_period(nu, b2=cfg.b2) if resets else None
+    period = None
+    if resets:
+      period = reset_every or optax_q.reset_period(nu, b2=cfg.b2)
     adamw = optax_q.adamw(
         lr, **common, mu_format=mu, nu_format=nu, rounding=rounding,
         block_size=cfg.block_size, seed=seed, min_size=cfg.min_size,
@@ -111,12 +122,15 @@ def _reset_tag(resets, fields):
 
 
 def run_one(fmt, rounding, resets, cfg, corpus, model, eval_fn, seed,
-            fields=('mu', 'nu')):
-  tx, period = make_optimizer(fmt, rounding, resets, cfg, seed, fields)
+            fields=('mu', 'nu'), reset_every=None):
+  tx, period = make_optimizer(fmt, rounding, resets, cfg, seed, fields,
+                              reset_every)
   params = sharding.init_params(
       model, jnp.zeros((1, cfg.seq_len), jnp.int32), seed=seed)
-  name = fmt if fmt == 'fp32' else (
-      f'{fmt}/{rounding}' + _reset_tag(resets, fields))
+  if fmt == 'fp32':
+    name = 'fp32' + _reset_tag(resets, fields)
+  else:
+    name = f'{fmt}/{rounding}' + _reset_tag(resets, fields)
   result = train.train(
       model, params, tx,
       data.lm_batches(corpus.train, cfg.batch_size, cfg.seq_len, seed=seed),
@@ -130,7 +144,7 @@ def run_one(fmt, rounding, resets, cfg, corpus, model, eval_fn, seed,
     if isinstance(node, optax_q.ResetState):
       n_resets = max(int(v) for v in node.resets.values())
   return dict(
-      config=name, format=fmt, rounding=rounding if fmt != 'fp32' else '-',
+      config=name, format=fmt, rounding=rounding or '-',
       resets=bool(resets), reset_period=period, seed=seed,
       final_val_loss=float(result.eval_losses[-1]),
       final_train_loss=float(result.final_loss),
@@ -178,10 +192,18 @@ def main(argv=None):
   parser.add_argument('--reset-fields', nargs='+', default=['mu', 'nu'],
                       choices=['mu', 'nu'],
                       help='moments that are reset (default both)')
+  parser.add_argument('--reset-every', type=int, default=None,
+                      help='reset period for every reset row (default: K* '
+                      'of the second moment\'s format; 1000 for fp32)')
+  parser.add_argument('--fp32-resets', action='store_true',
+                      help='add a float32 row with resets (Table 5, FP32 '
+                      'column)')
   parser.add_argument('--name', default='staleness',
                       help='output stem: <out>/<name>.json and .md')
   parser.add_argument('--out', default=str(_common.ROOT / 'docs' / 'results'))
   args = parser.parse_args(argv)
+  if args.reset_every is not None and args.reset_every < 1:
+    parser.error('--reset-every must be a positive integer')
   cfg = MODES[args.mode]
   if args.steps:
     cfg = dataclasses.replace(cfg, steps=args.steps)
@@ -201,13 +223,15 @@ def main(argv=None):
   variants = [(r, z) for r, z in VARIANTS if args.variants is None
               or (r + ('+resets' if z else '')) in args.variants]
   jobs = [('fp32', None, False)] + [
-      (f, r, z) for f in args.formats for r, z in variants]
+      ('fp32', None, True)] * args.fp32_resets + [
+          (f, r, z) for f in args.formats for r, z in variants]
   meta['reset_fields'] = args.reset_fields
+  meta['reset_every'] = args.reset_every
   rows = []
   for seed in args.seeds:
     for fmt, rounding, resets in jobs:
       row = run_one(fmt, rounding, resets, cfg, corpus, model, eval_fn, seed,
-                    tuple(args.reset_fields))
+                    tuple(args.reset_fields), args.reset_every)
       rows.append(row)
       print(json.dumps(row), flush=True)
   meta['seconds'] = round(time.time() - t0, 1)
@@ -241,6 +265,12 @@ def _table(summary):
   return header, rows
 
 
+def _period_text(meta):
+  if meta.get('reset_every'):
+    return f"{meta['reset_every']} (`--reset-every`)"
+  return '`K* = reset_period(nu_format, b2)` (1000 for fp32)'
+
+
 def write_markdown(path, meta, summary, cfg):
   header, rows = _table(summary)
   text = f"""# Staleness ablation on the small GPT
@@ -259,7 +289,7 @@ Generated by `examples/study_staleness.py`; do not edit by hand.
   {meta['seeds']}; {meta['seconds']} s in all.
 
 Resets zero {' and '.join(meta['reset_fields'])} every
-`K* = reset_period(nu_format, b2)` steps (bias correction by local age). "nu stalled" is the stalled fraction of the
+{_period_text(meta)} steps (bias correction by local age). "nu stalled" is the stalled fraction of the
 second-moment leaves in the last step (`optax_q.stall_fraction`, averaged
 over leaves). The gap is paired by seed (same init, data order and rounding
 seed as the fp32 run).

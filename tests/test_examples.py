@@ -39,6 +39,7 @@ sys.path.insert(0, str(_EXAMPLES))
 import _common  # noqa: E402
 import demo  # noqa: E402
 import study_precision  # noqa: E402
+import study_staleness  # noqa: E402
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # The same model and schedule for both scripts: compiled steps are shared.
@@ -171,6 +172,32 @@ class ExamplesTest(absltest.TestCase):
     _, state = tx.update(grads, state, params)
     leaves = optax_q.quantized_leaves(state)
     self.assertLen(leaves, 2)  # mu and nu of 'w'
+
+  def test_staleness_reset_period_override(self):
+    cfg = study_staleness.MODES['paper']
+    params = {'w': jnp.ones((64, 128)), 'b': jnp.ones((64,))}
+    grads = jax.tree.map(lambda p: 0.1 * p, params)
+    # Default: K* of the second moment's format at the run's b2.
+    _, period = study_staleness.make_optimizer(
+        'fp8', 'stochastic', True, cfg, seed=0)
+    self.assertEqual(period, optax_q.reset_period('fp8_e4m3', b2=cfg.b2))
+    _, period = study_staleness.make_optimizer(
+        'fp8', 'stochastic', True, cfg, seed=0, reset_every=1000)
+    self.assertEqual(period, 1000)
+    # Float32 moments with resets: after `period` steps both moments are
+    # zero again, as Table 5's FP32 column needs.
+    with self.assertWarnsRegex(UserWarning, 'float32 moments'):
+      tx, period = study_staleness.make_optimizer(
+          'fp32', None, True, cfg, seed=0, reset_every=2)
+    self.assertEqual(period, 2)
+    state = tx.init(params)
+    for _ in range(2):
+      _, state = tx.update(grads, state, params)
+    mus = [x for x in jax.tree.leaves(state) if getattr(x, 'shape', None)
+           == (64, 128)]
+    self.assertNotEmpty(mus)
+    for x in mus:
+      self.assertEqual(float(jnp.abs(x).max()), 0.0)
 
 
 if __name__ == '__main__':
