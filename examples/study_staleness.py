@@ -122,7 +122,7 @@ def _reset_tag(resets, fields):
 
 
 def run_one(fmt, rounding, resets, cfg, corpus, model, eval_fn, seed,
-            fields=('mu', 'nu'), reset_every=None):
+            fields=('mu', 'nu'), reset_every=None, tag_period=False):
   tx, period = make_optimizer(fmt, rounding, resets, cfg, seed, fields,
                               reset_every)
   params = sharding.init_params(
@@ -131,6 +131,8 @@ def run_one(fmt, rounding, resets, cfg, corpus, model, eval_fn, seed,
     name = 'fp32' + _reset_tag(resets, fields)
   else:
     name = f'{fmt}/{rounding}' + _reset_tag(resets, fields)
+  if resets and tag_period:
+    name += f'@{period}'
   result = train.train(
       model, params, tx,
       data.lm_batches(corpus.train, cfg.batch_size, cfg.seq_len, seed=seed),
@@ -192,9 +194,10 @@ def main(argv=None):
   parser.add_argument('--reset-fields', nargs='+', default=['mu', 'nu'],
                       choices=['mu', 'nu'],
                       help='moments that are reset (default both)')
-  parser.add_argument('--reset-every', type=int, default=None,
-                      help='reset period for every reset row (default: K* '
-                      'of the second moment\'s format; 1000 for fp32)')
+  parser.add_argument('--reset-every', type=int, nargs='+', default=None,
+                      help='reset period(s) of the reset rows (default: K* '
+                      'of the second moment\'s format; 1000 for fp32); '
+                      'several periods make one row per period (a sweep)')
   parser.add_argument('--fp32-resets', action='store_true',
                       help='add a float32 row with resets (Table 5, FP32 '
                       'column)')
@@ -202,8 +205,10 @@ def main(argv=None):
                       help='output stem: <out>/<name>.json and .md')
   parser.add_argument('--out', default=str(_common.ROOT / 'docs' / 'results'))
   args = parser.parse_args(argv)
-  if args.reset_every is not None and args.reset_every < 1:
-    parser.error('--reset-every must be a positive integer')
+  if args.reset_every is not None and min(args.reset_every) < 1:
+    parser.error('--reset-every must be positive integers')
+  periods = args.reset_every or [None]
+  sweep = len(periods) > 1
   cfg = MODES[args.mode]
   if args.steps:
     cfg = dataclasses.replace(cfg, steps=args.steps)
@@ -222,16 +227,17 @@ def main(argv=None):
   eval_fn = train.make_eval_fn(_common.eval_batches(cfg, corpus))
   variants = [(r, z) for r, z in VARIANTS if args.variants is None
               or (r + ('+resets' if z else '')) in args.variants]
-  jobs = [('fp32', None, False)] + [
-      ('fp32', None, True)] * args.fp32_resets + [
-          (f, r, z) for f in args.formats for r, z in variants]
+  jobs = [('fp32', None, False, None)] + [
+      ('fp32', None, True, k) for k in periods if args.fp32_resets] + [
+          (f, r, z, k) for f in args.formats for r, z in variants
+          for k in (periods if z else [None])]
   meta['reset_fields'] = args.reset_fields
   meta['reset_every'] = args.reset_every
   rows = []
   for seed in args.seeds:
-    for fmt, rounding, resets in jobs:
+    for fmt, rounding, resets, period in jobs:
       row = run_one(fmt, rounding, resets, cfg, corpus, model, eval_fn, seed,
-                    tuple(args.reset_fields), args.reset_every)
+                    tuple(args.reset_fields), period, sweep)
       rows.append(row)
       print(json.dumps(row), flush=True)
   meta['seconds'] = round(time.time() - t0, 1)
@@ -267,7 +273,7 @@ def _table(summary):
 
 def _period_text(meta):
   if meta.get('reset_every'):
-    return f"{meta['reset_every']} (`--reset-every`)"
+    return ', '.join(map(str, meta['reset_every'])) + ' (`--reset-every`)'
   return '`K* = reset_period(nu_format, b2)` (1000 for fp32)'
 
 
