@@ -201,6 +201,11 @@ def main(argv=None):
   parser.add_argument('--fp32-resets', action='store_true',
                       help='add a float32 row with resets (Table 5, FP32 '
                       'column)')
+  parser.add_argument('--merge', nargs='+', default=None, metavar='JSON',
+                      help='no training: pool the rows of earlier runs of '
+                      'one mode into <name>.json/.md (reset rows are named '
+                      'with their period; a repeated config and seed is '
+                      'taken from the first file)')
   parser.add_argument('--name', default='staleness',
                       help='output stem: <out>/<name>.json and .md')
   parser.add_argument('--out', default=str(_common.ROOT / 'docs' / 'results'))
@@ -209,6 +214,9 @@ def main(argv=None):
     parser.error('--reset-every must be positive integers')
   periods = args.reset_every or [None]
   sweep = len(periods) > 1
+  if args.merge:
+    merge(args.merge, pathlib.Path(args.out), args.name, argv)
+    return
   cfg = MODES[args.mode]
   if args.steps:
     cfg = dataclasses.replace(cfg, steps=args.steps)
@@ -248,6 +256,61 @@ def main(argv=None):
   print(_md_table(*_table(summary)))
 
 
+_FORMAT_ORDER = {'fp32': 0, 'fp8': 1, '4bit': 2}
+
+
+def _row_order(row):
+  return (_FORMAT_ORDER.get(row['format'], 9), row['resets'],
+          row['reset_period'] or 0, row['rounding'], row['config'])
+
+
+def merge(paths, out_dir, name, argv=None):
+  """Pools the rows of several result files into one table.
+
+  The runs must share their run configuration (model, schedule, ``b2``,
+  steps) and reset fields; rows are paired with the fp32 row of the same
+  seed, as in a single run.
+  """
+  rows, seen, sources = [], set(), []
+  cfg = fields = None
+  for path in paths:
+    data = json.loads(pathlib.Path(path).read_text())
+    meta = data['meta']
+    if cfg is None:
+      cfg, fields = meta['run_config'], meta.get('reset_fields')
+    elif meta['run_config'] != cfg or meta.get('reset_fields') != fields:
+      raise ValueError(f'{path}: run configuration or reset fields differ '
+                       f'from {paths[0]}; only runs of one setting pool')
+    sources.append(dict(file=pathlib.Path(path).name,
+                        command=meta['command'],
+                        git_revision=meta['git_revision'], date=meta['date'],
+                        seeds=meta['seeds'], seconds=meta['seconds']))
+    for row in data['rows']:
+      row = dict(row)
+      if row['resets'] and '@' not in row['config']:
+        row['config'] += f"@{row['reset_period']}"
+      if (row['config'], row['seed']) not in seen:
+        seen.add((row['config'], row['seed']))
+        rows.append(row)
+  rows.sort(key=_row_order)
+  meta = dict(command=_common.command_line(__file__, argv),
+              git_revision=_common.git_revision(), date=_common.now_utc(),
+              machine=None, load_average=None,
+              mode=json.loads(pathlib.Path(paths[0]).read_text())[
+                  'meta']['mode'],
+              run_config=cfg, reset_fields=fields, reset_every=None,
+              seeds=sorted({r['seed'] for r in rows}),
+              seconds=round(sum(s['seconds'] for s in sources), 1),
+              sources=sources)
+  summary = summarize(rows)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  with open(out_dir / f'{name}.json', 'w') as f:
+    json.dump(dict(meta=meta, summary=summary, rows=rows), f, indent=1)
+  write_markdown(out_dir / f'{name}.md', meta, summary,
+                 _common.RunConfig(**cfg))
+  print(_md_table(*_table(summary)))
+
+
 def _md_table(header, rows) -> str:
   out = ['| ' + ' | '.join(header) + ' |',
          '|' + '|'.join('---' for _ in header) + '|']
@@ -260,10 +323,11 @@ def _fmt(x, spec):
 
 
 def _table(summary):
-  header = ('config', 'reset period', 'resets', 'val loss (mean +- sd)',
-            'gap to fp32 (paired)', 'nu stalled (last step)')
+  header = ('config', 'reset period', 'resets', 'seeds',
+            'val loss (mean +- sd)', 'gap to fp32 (paired)',
+            'nu stalled (last step)')
   rows = [(s['config'], _fmt(s['reset_period'], 'd'),
-           _fmt(s['resets_done'], 'd'),
+           _fmt(s['resets_done'], 'd'), s['seeds'],
            f"{s['mean_val_loss']:.4f} +- {s['std_val_loss']:.4f}",
            '-' if s['config'] == 'fp32' else
            f"{s['mean_gap_to_fp32']:+.4f} +- {s['std_gap']:.4f}",
@@ -272,9 +336,28 @@ def _table(summary):
 
 
 def _period_text(meta):
+  if meta.get('sources'):
+    return "`N` steps, the `@N` in the row's name"
+  if isinstance(meta.get('reset_every'), int):  # files of older runs
+    return f"{meta['reset_every']} steps (`--reset-every`)"
   if meta.get('reset_every'):
-    return ', '.join(map(str, meta['reset_every'])) + ' (`--reset-every`)'
-  return '`K* = reset_period(nu_format, b2)` (1000 for fp32)'
+    return (', '.join(map(str, meta['reset_every'])) +
+            ' steps (`--reset-every`)')
+  return '`K* = reset_period(nu_format, b2)` steps (1000 for fp32)'
+
+
+def _provenance(meta):
+  if not meta.get('sources'):
+    return f"""- Command: `{meta['command']}`
+- Git revision: `{meta['git_revision']}`
+- Date: {meta['date']}
+- Machine: {meta['machine']} (load average {meta['load_average']} at start;
+  shared with other jobs, so no timings are reported)"""
+  lines = [f"- Pooled by: `{meta['command']}` (no training)"]
+  lines += [f"- From `{s['file']}`: `{s['command']}` (revision "
+            f"`{s['git_revision']}`, {s['date']}, seeds {s['seeds']})"
+            for s in meta['sources']]
+  return '\n'.join(lines)
 
 
 def write_markdown(path, meta, summary, cfg):
@@ -283,11 +366,7 @@ def write_markdown(path, meta, summary, cfg):
 
 Generated by `examples/study_staleness.py`; do not edit by hand.
 
-- Command: `{meta['command']}`
-- Git revision: `{meta['git_revision']}`
-- Date: {meta['date']}
-- Machine: {meta['machine']} (load average {meta['load_average']} at start;
-  shared with other jobs, so no timings are reported)
+{_provenance(meta)}
 - Mode: {meta['mode']}: GPT d_model {cfg.d_model}, {cfg.num_layers} layers,
   seq {cfg.seq_len}, batch {cfg.batch_size}, {cfg.steps} steps, b1 {cfg.b1},
   b2 {cfg.b2}, eps {cfg.eps}, lr {cfg.learning_rate} (warm-up {cfg.warmup_steps}, cosine),
@@ -295,7 +374,7 @@ Generated by `examples/study_staleness.py`; do not edit by hand.
   {meta['seeds']}; {meta['seconds']} s in all.
 
 Resets zero {' and '.join(meta['reset_fields'])} every
-{_period_text(meta)} steps (bias correction by local age). "nu stalled" is the stalled fraction of the
+{_period_text(meta)} (bias correction by local age). "nu stalled" is the stalled fraction of the
 second-moment leaves in the last step (`optax_q.stall_fraction`, averaged
 over leaves). The gap is paired by seed (same init, data order and rounding
 seed as the fp32 run).
