@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import importlib.metadata
 import os
 import pathlib
 import platform
@@ -436,13 +437,29 @@ def load_average() -> str:
     return 'n/a'
 
 
+def package_versions() -> str:
+  """Versions of the packages whose numerics a training run depends on.
+
+  Losses are reproducible bit for bit only with the same versions: a
+  different flax, optax or jaxlib can change rounding, and training
+  amplifies it.
+  """
+  out = []
+  for name in ('jaxlib', 'optax', 'flax', 'numpy', 'ml_dtypes'):
+    try:
+      out.append(f'{name} {importlib.metadata.version(name)}')
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return ', '.join(out)
+
+
 def machine() -> str:
   """One line: CPU, cores, OS, Python, jax and backend (no host names)."""
   dev = jax.devices()[0]
   return (f'{_cpu_model()}, {_available_cores()} cores, '
           f'{platform.system()} {platform.machine()}, '
           f'Python {platform.python_version()}, jax {jax.__version__} '
-          f'({dev.platform})')
+          f'({dev.platform}); {package_versions()}')
 
 
 def now_utc() -> str:
