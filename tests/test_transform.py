@@ -168,6 +168,47 @@ class QuantizeStateTest(parameterized.TestCase):
     self.assertEqual(nu.fmt.name, nu_name)
     self.assertTrue(bool(jnp.all(optax_q.dequantize(nu) > 0)))
 
+  @parameterized.parameters('fp8_e4m3', 'fp8_e5m2', 'int8_dynamic', 'int8',
+                            'bf16', 'e3m2')
+  def test_second_moment_never_rounds_to_zero(self, fmt):
+    # A coordinate whose gradient is 1e-6 of its block's maximum has a
+    # second moment 1e-12 of it: below every 8-bit grid's smallest value.
+    # It must be stored as that smallest value, not as zero (the first
+    # moment, a signed field, keeps plain rounding).
+    params = {'w': jnp.zeros((4, 256))}
+    grads = {'w': jnp.ones((4, 256)).at[:, ::2].set(1e-6).at[0, 1].set(0.0)}
+    for rounding in ('nearest', 'stochastic'):
+      tx = optax_q.quantize_state(optax.scale_by_adam(), fmt, min_size=0,
+                                  rounding=rounding)
+      _, state = jax.jit(tx.update)(grads, tx.init(params))
+      nu = state.inner_state.nu['w']
+      self.assertTrue(nu.fmt.positive_floor)
+      self.assertFalse(state.inner_state.mu['w'].fmt.positive_floor)
+      decoded = optax_q.dequantize(nu)
+      self.assertTrue(bool(jnp.all(decoded[grads['w'] != 0] > 0)),
+                      rounding)
+      self.assertEqual(float(decoded[0, 1]), 0.0)  # zero stays zero
+
+  @parameterized.parameters('fp8_e4m3', 'int8_dynamic')
+  def test_tiny_gradients_do_not_blow_up_the_update(self, fmt):
+    # Found in the precision study: fp8 e4m3 second moments of coordinates
+    # with 1e-5 gradients (next to 1.0 in the same block) were stored as
+    # zero, and their Adam update became m / eps, 1000x the largest float32
+    # update.
+    params = {'w': jnp.zeros((8, 512))}
+    grads = {'w': jnp.ones((8, 512)).at[:, ::3].set(1e-5)}
+    tx = optax_q.adam(1.0, mu_format=fmt, nu_format=fmt, min_size=0,
+                      rounding='stochastic')
+    ref = optax.adam(1.0)
+    state, ref_state = tx.init(params), ref.init(params)
+    update, ref_update = jax.jit(tx.update), jax.jit(ref.update)
+    for _ in range(10):
+      u, state = update(grads, state, params)
+      r, ref_state = ref_update(grads, ref_state, params)
+      self.assertTrue(bool(jnp.all(jnp.isfinite(u['w']))))
+      self.assertLessEqual(float(jnp.max(jnp.abs(u['w']))),
+                           1.1 * float(jnp.max(jnp.abs(r['w']))))
+
   def test_state_dtypes_are_stable(self):
     tx = optax_q.adamw(1e-3, mu_format='fp8_e4m3', nu_format='int4',
                        min_size=0)

@@ -62,6 +62,12 @@ class Format:
       before encoding by default.
     table: Sorted grid values for ``kind='codebook'``.
     min_normal: Smallest normal magnitude of a float grid.
+    positive_floor: Encode positive inputs to at least the grid's smallest
+      positive value (:attr:`min_positive`), never to zero. Set by
+      :func:`unsigned_variant` for second moments: a positive second moment
+      stored as zero makes the next Adam update ``m / (sqrt(v) + eps)`` blow
+      up by orders of magnitude (Li et al., 2023). Zero inputs (a fresh or
+      reset state) still encode to zero.
   """
 
   name: str
@@ -75,6 +81,19 @@ class Format:
   scaled: bool = True
   table: tuple[float, ...] | None = None
   min_normal: float | None = None
+  positive_floor: bool = False
+
+  @property
+  def min_positive(self) -> float | None:
+    """The smallest positive value of the grid (before scaling)."""
+    if self.kind == 'codebook':
+      return min(v for v in self.table if v > 0)
+    if self.kind == 'int':
+      return 1.0
+    if self.min_normal is None or self.mantissa_bits is None:
+      return None
+    # Float grids have subnormals: the last mantissa step below min_normal.
+    return self.min_normal * 2.0 ** -self.mantissa_bits
 
   @property
   def packed(self) -> bool:
@@ -96,6 +115,8 @@ class Format:
     return 4 if self.packed else 8 * self.dtype.itemsize
 
   def __repr__(self) -> str:
+    if self.positive_floor:
+      return f'Format({self.name!r}, positive_floor=True)'
     return f'Format({self.name!r})'
 
 
@@ -328,19 +349,28 @@ def unsigned_variant(fmt: Format) -> Format:
   extra fraction bit, as in bitsandbytes); ``int4`` becomes the linear grid
   without zero and ``fp4_e2m1`` the unsigned E2M2 grid without zero
   (``fp4_e2m2u``), since a second moment decoded as zero makes the Adam
-  update explode (Li et al., 2023). Every other format is returned as is.
+  update explode (Li et al., 2023). Every other grid that holds zero (the
+  unsigned dynamic map, fp8, bf16, fp16, int8, simulated ``e{E}m{M}``) keeps
+  its codes but gets ``positive_floor=True``: a positive value far below its
+  block's maximum (a coordinate whose gradients are 10^3 times smaller than
+  its neighbours' is enough for fp8 e4m3) is stored as the smallest positive
+  grid value instead of zero. ``fp32`` is returned as is.
 
   References:
     Li et al, `Memory Efficient Optimizers with 4-bit States
     <https://arxiv.org/abs/2309.01507>`_, 2023
   """
   if fmt.name == 'int8_dynamic':
-    return _int8_dynamic(False)
-  if fmt.name == 'int4':
+    fmt = _int8_dynamic(False)
+  elif fmt.name == 'int4':
     return _int4_unsigned()
-  if fmt.name == 'fp4_e2m1':
+  elif fmt.name == 'fp4_e2m1':
     return _fp4_e2m2u()
-  return fmt
+  if fmt.is_identity or fmt.positive_floor or fmt.min_positive is None:
+    return fmt
+  if fmt.kind == 'codebook' and min(fmt.table) > 0:
+    return fmt  # A grid without zero needs no floor.
+  return dataclasses.replace(fmt, positive_floor=True)
 
 
 def check_rounding(rounding: str, name: str = 'rounding') -> str:

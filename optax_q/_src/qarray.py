@@ -162,6 +162,9 @@ def _encode_values(
     y: jax.Array, fmt: Format, u: jax.Array | None
 ) -> jax.Array:
   """Encodes scaled float32 values ``y`` into unpacked codes of ``fmt``."""
+  if fmt.positive_floor:
+    # Positive values never round to zero (second moments); NaN stays NaN.
+    y = jnp.where(y > 0, jnp.maximum(y, jnp.float32(fmt.min_positive)), y)
   if fmt.kind == 'float':
     native = fmt.bits == 8 * fmt.dtype.itemsize and fmt.name != 'fp32'
     if native and u is None:
