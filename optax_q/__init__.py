@@ -20,6 +20,7 @@ from optax_q._src.alias import sgd
 from optax_q._src.formats import FORMAT_NAMES
 from optax_q._src.formats import Format
 from optax_q._src.formats import get_format
+from optax_q._src.formats import unsigned_variant
 from optax_q._src.qarray import dequantize
 from optax_q._src.qarray import is_qarray
 from optax_q._src.qarray import QArray
@@ -60,5 +61,5 @@ __all__ = (
     'state_bits_per_element', 'state_nbytes', 'statistical_error',
     'transient_stall_probability',
     'reset_state', 'reset_where', 'ResetState', 'scale_by_adam_local_age',
-    'ScaleByAdamLocalAgeState', 'state_shardings',
+    'ScaleByAdamLocalAgeState', 'state_shardings', 'unsigned_variant',
 )

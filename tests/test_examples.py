@@ -40,6 +40,7 @@ import _common  # noqa: E402
 import demo  # noqa: E402
 import study_precision  # noqa: E402
 import study_staleness  # noqa: E402
+import update_error  # noqa: E402
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # The same model and schedule for both scripts: compiled steps are shared.
@@ -241,6 +242,30 @@ class ExamplesTest(absltest.TestCase):
     c = write('c', [0], [row('fp32', 0, 1.0, fmt='fp32')], {'steps': 20})
     with self.assertRaisesRegex(ValueError, 'run configuration'):
       study_staleness.merge([a, c], out, 'bad')
+
+  def test_update_error_sees_the_zero_second_moment(self):
+    import optax  # pylint: disable=g-import-not-at-top
+    g = jax.random.normal(jax.random.key(0), (32, 256))
+    g = g.at[:, ::16].multiply(1e-5)  # tiny coordinates next to large ones
+    adam = optax.ScaleByAdamState(
+        count=jnp.asarray(100, jnp.int32), mu={'w': 0.1 * g},
+        nu={'w': 1e-3 * g * g})
+    cfg = _common.RunConfig(min_size=0)
+    rows = {(r['mu_format'], r['rounding'], r['positive_floor']): r
+            for floor in (True, False)
+            for r in update_error.measure(adam, cfg, floor=floor,
+                                          block_size=128)}
+    with_floor = rows[('fp8_e4m3', 'nearest', True)]
+    without = rows[('fp8_e4m3', 'nearest', False)]
+    self.assertEqual(with_floor['nu_zero_fraction'], 0.0)
+    self.assertGreater(without['nu_zero_fraction'], 0.05)
+    # The grid cannot hold both magnitudes of a block: with the floor the
+    # tiny coordinates' updates come out too small (bounded error), without
+    # it they blow up.
+    self.assertEqual(with_floor['blown_up_fraction'], 0.0)
+    self.assertLess(with_floor['relative_error'], 0.5)
+    self.assertGreater(without['blown_up_fraction'], 0.01)
+    self.assertGreater(without['relative_error'], 100.0)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,156 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+r"""How much one write-back of a real Adam state changes the next update.
+
+Trains the precision study's GPT with float32 AdamW, takes its moments, and
+stores them once in each format (the way ``quantize_state`` does, second
+moments in their unsigned variant), then compares the bias-corrected Adam
+direction ``m_hat / (sqrt(v_hat) + eps)`` computed from the decoded moments
+with the float32 one, over every quantized leaf:
+
+* relative error: ``||u_q - u|| / ||u||``;
+* ``v -> 0``: the fraction of positive second moments decoded as zero;
+* ``|u| > 10 max``: the fraction of elements whose update exceeds ten times
+  the largest float32 update of its leaf (a blown-up coordinate).
+
+``--no-floor`` stores second moments without the positive floor
+(:attr:`optax_q.Format.positive_floor`), as the library did before it::
+
+  python examples/update_error.py              # writes docs/results/update_error.{json,md}
+  python examples/update_error.py --no-floor --name update_error_no_floor
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import _common  # pylint: disable=g-bad-import-order
+import study_precision  # pylint: disable=g-bad-import-order
+
+optax_q = _common.optax_q
+
+PAIRS = (('bf16', 'bf16'), ('fp8_e4m3', 'fp8_e4m3'), ('fp8_e5m2', 'fp8_e5m2'),
+         ('int8_dynamic', 'int8_dynamic'), ('int8', 'int8'),
+         ('fp4_e2m1', 'fp4_e2m1'), ('int4', 'int4'))
+
+
+def _nu_format(name: str, floor: bool):
+  fmt = optax_q.unsigned_variant(optax_q.get_format(name))
+  return fmt if floor else dataclasses.replace(fmt, positive_floor=False)
+
+
+def _adam_state(opt_state) -> optax.ScaleByAdamState:
+  for node in jax.tree.leaves(
+      opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState)):
+    if isinstance(node, optax.ScaleByAdamState):
+      return node
+  raise ValueError('no ScaleByAdamState in the optimizer state')
+
+
+def measure(adam, cfg, *, floor: bool, block_size: int):
+  """One row per (format pair, rounding)."""
+  t = int(adam.count)
+
+  def direction(m, v):
+    m_hat = m / (1 - cfg.b1**t)
+    v_hat = v / (1 - cfg.b2**t)
+    return m_hat / (jnp.sqrt(v_hat) + cfg.eps)
+
+  leaves = [(m, v) for m, v in zip(jax.tree.leaves(adam.mu),
+                                   jax.tree.leaves(adam.nu))
+            if m.size >= cfg.min_size]
+  rows = []
+  for mu_name, nu_name in PAIRS:
+    nu_fmt = _nu_format(nu_name, floor)
+    for rounding in ('nearest', 'stochastic'):
+      err2 = ref2 = 0.0
+      zeros = blown = total = 0
+      for i, (m, v) in enumerate(leaves):
+        kw = dict(block_size=block_size, rounding=rounding)
+        qm = optax_q.dequantize(
+            optax_q.quantize(m, mu_name, seed=2 * i, **kw))
+        qv = optax_q.dequantize(
+            optax_q.quantize(v, nu_fmt, seed=2 * i + 1, **kw))
+        ref, got = direction(m, v), direction(qm, qv)
+        err2 += float(jnp.sum((got - ref) ** 2))
+        ref2 += float(jnp.sum(ref**2))
+        zeros += int(jnp.sum((qv == 0) & (v > 0)))
+        blown += int(jnp.sum(jnp.abs(got) > 10 * jnp.max(jnp.abs(ref))))
+        total += v.size
+      rows.append(dict(mu_format=mu_name, nu_format=nu_fmt.name,
+                       positive_floor=nu_fmt.positive_floor,
+                       rounding=rounding,
+                       relative_error=float(np.sqrt(err2 / ref2)),
+                       nu_zero_fraction=zeros / total,
+                       blown_up_fraction=blown / total, elements=total))
+  return rows
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--steps', type=int, default=500,
+                      help='float32 AdamW steps before the state is taken')
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--no-floor', action='store_true',
+                      help='second moments without the positive floor')
+  parser.add_argument('--name', default='update_error')
+  parser.add_argument('--out', default=str(_common.ROOT / 'docs' / 'results'))
+  args = parser.parse_args(argv)
+  cfg = dataclasses.replace(study_precision.MODES['full'], steps=args.steps,
+                            eval_every=args.steps)
+  corpus = _common.load_corpus(cfg)
+  _, result = _common.run(_common.FP32, cfg, corpus, seed=args.seed,
+                          progress=False)
+  rows = measure(_adam_state(result.opt_state), cfg,
+                 floor=not args.no_floor, block_size=cfg.block_size)
+  meta = dict(command=_common.command_line(__file__, argv),
+              git_revision=_common.git_revision(), date=_common.now_utc(),
+              machine=_common.machine(), steps=args.steps, seed=args.seed,
+              run_config=dataclasses.asdict(cfg))
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / f'{args.name}.json').write_text(
+      json.dumps(dict(meta=meta, rows=rows), indent=1) + '\n')
+  table = _common.markdown_table(
+      ('mu', 'nu (stored as)', 'rounding', 'relative error', 'v -> 0',
+       '|u| > 10 max'),
+      [(r['mu_format'], r['nu_format'] + (' +floor' if r['positive_floor']
+                                          else ''), r['rounding'],
+        f"{r['relative_error']:.4f}", f"{r['nu_zero_fraction']:.1e}",
+        f"{r['blown_up_fraction']:.1e}") for r in rows])
+  text = (f"# Update error of one write-back\n\n"
+          f"Written by `examples/update_error.py`; do not edit.\n\n"
+          f"The float32 AdamW state of the precision study's full-mode GPT "
+          f"after {args.steps} steps (seed {args.seed}), stored once in each "
+          f"format (block size {cfg.block_size}); error of the next Adam "
+          f"direction against float32, over "
+          f"{rows[0]['elements']:,} quantized elements.\n\n{table}\n\n"
+          f"- Command: `{meta['command']}`\n"
+          f"- Revision: `{meta['git_revision']}`; date: {meta['date']}\n"
+          f"- Machine: {meta['machine']}\n")
+  (out / f'{args.name}.md').write_text(text)
+  print(table)
+  return rows
+
+
+if __name__ == '__main__':
+  main()
