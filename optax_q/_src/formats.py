@@ -352,9 +352,10 @@ def unsigned_variant(fmt: Format) -> Format:
   update explode (Li et al., 2023). Every other grid that holds zero (the
   unsigned dynamic map, fp8, bf16, fp16, int8, simulated ``e{E}m{M}``) keeps
   its codes but gets ``positive_floor=True``: a positive value far below its
-  block's maximum (a coordinate whose gradients are 10^3 times smaller than
-  its neighbours' is enough for fp8 e4m3) is stored as the smallest positive
-  grid value instead of zero. ``fp32`` is returned as is.
+  block's maximum (for fp8 e4m3 with block scales, a coordinate whose
+  gradients are about 500 times smaller than the largest in its block) is
+  stored as the smallest positive grid value instead of zero. ``fp32`` is
+  returned as is.
 
   References:
     Li et al, `Memory Efficient Optimizers with 4-bit States
