@@ -253,7 +253,7 @@ def main(argv=None):
   with open(out_dir / f'{args.name}.json', 'w') as f:
     json.dump(dict(meta=meta, summary=summary, rows=rows), f, indent=1)
   write_markdown(out_dir / f'{args.name}.md', meta, summary, cfg)
-  print(_md_table(*_table(summary)))
+  print(_common.markdown_table(*_table(summary)))
 
 
 _FORMAT_ORDER = {'fp32': 0, 'fp8': 1, '4bit': 2}
@@ -272,12 +272,13 @@ def merge(paths, out_dir, name, argv=None):
   seed, as in a single run.
   """
   rows, seen, sources = [], set(), []
-  cfg = fields = None
+  cfg = fields = mode = None
   for path in paths:
     data = json.loads(pathlib.Path(path).read_text())
     meta = data['meta']
     if cfg is None:
-      cfg, fields = meta['run_config'], meta.get('reset_fields')
+      cfg, fields, mode = (meta['run_config'], meta.get('reset_fields'),
+                           meta['mode'])
     elif meta['run_config'] != cfg or meta.get('reset_fields') != fields:
       raise ValueError(f'{path}: run configuration or reset fields differ '
                        f'from {paths[0]}; only runs of one setting pool')
@@ -296,8 +297,7 @@ def merge(paths, out_dir, name, argv=None):
   meta = dict(command=_common.command_line(__file__, argv),
               git_revision=_common.git_revision(), date=_common.now_utc(),
               machine=None, load_average=None,
-              mode=json.loads(pathlib.Path(paths[0]).read_text())[
-                  'meta']['mode'],
+              mode=mode,
               run_config=cfg, reset_fields=fields, reset_every=None,
               seeds=sorted({r['seed'] for r in rows}),
               seconds=round(sum(s['seconds'] for s in sources), 1),
@@ -308,14 +308,7 @@ def merge(paths, out_dir, name, argv=None):
     json.dump(dict(meta=meta, summary=summary, rows=rows), f, indent=1)
   write_markdown(out_dir / f'{name}.md', meta, summary,
                  _common.RunConfig(**cfg))
-  print(_md_table(*_table(summary)))
-
-
-def _md_table(header, rows) -> str:
-  out = ['| ' + ' | '.join(header) + ' |',
-         '|' + '|'.join('---' for _ in header) + '|']
-  out += ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows]
-  return '\n'.join(out)
+  print(_common.markdown_table(*_table(summary)))
 
 
 def _fmt(x, spec):
@@ -338,8 +331,6 @@ def _table(summary):
 def _period_text(meta):
   if meta.get('sources'):
     return "`N` steps, the `@N` in the row's name"
-  if isinstance(meta.get('reset_every'), int):  # files of older runs
-    return f"{meta['reset_every']} steps (`--reset-every`)"
   if meta.get('reset_every'):
     return (', '.join(map(str, meta['reset_every'])) +
             ' steps (`--reset-every`)')
@@ -379,7 +370,7 @@ second-moment leaves in the last step (`optax_q.stall_fraction`, averaged
 over leaves). The gap is paired by seed (same init, data order and rounding
 seed as the fp32 run).
 
-{_md_table(header, rows)}
+{_common.markdown_table(header, rows)}
 """
   path.write_text(text)
 
