@@ -37,10 +37,12 @@ import math
 from typing import Any
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
 from optax_q._src import formats as formats_lib
+from optax_q._src import minifloat
 from optax_q._src import packing
 from optax_q._src import rounding as rounding_lib
 
@@ -167,6 +169,19 @@ def _encode_values(
     y = jnp.where(y > 0, jnp.maximum(y, jnp.float32(fmt.min_positive)), y)
   if fmt.kind == 'float':
     native = fmt.bits == 8 * fmt.dtype.itemsize and fmt.name != 'fp32'
+    layout = minifloat.layout_of(fmt.dtype) if native else None
+    if layout is not None:
+      # fp8: saturate (or round stochastically onto the grid, which
+      # saturates), then the vectorizable bit-level encoder.
+      if u is None:
+        y = jnp.where(jnp.isfinite(y),
+                      jnp.clip(y, -fmt.max_value, fmt.max_value), y)
+      else:
+        y = rounding_lib.round_float_grid(
+            y, exponent_bits=fmt.exponent_bits,
+            mantissa_bits=fmt.mantissa_bits, max_value=fmt.max_value, u=u)
+      return lax.bitcast_convert_type(minifloat.encode(y, **layout),
+                                      fmt.dtype)
     if native and u is None:
       # XLA's cast is round-to-nearest-even with correct subnormals; clip
       # first, since e4m3fn has no infinity and overflows to NaN.
@@ -193,6 +208,10 @@ def _encode_values(
 def _decode_values(codes: jax.Array, fmt: Format) -> jax.Array:
   """Decodes unpacked codes of ``fmt`` to float32 (before scaling)."""
   if fmt.kind == 'float':
+    layout = minifloat.layout_of(codes.dtype)
+    if layout is not None:
+      return minifloat.decode(
+          lax.bitcast_convert_type(codes, jnp.uint8), **layout)
     return codes.astype(jnp.float32)
   if fmt.kind == 'int':
     if fmt.packed:
