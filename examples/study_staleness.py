@@ -104,7 +104,8 @@ def make_optimizer(fmt, rounding, resets, cfg, seed, fields=('mu', 'nu'),
     adamw = optax_q.adamw(
         lr, **common, mu_format=mu, nu_format=nu, rounding=rounding,
         block_size=cfg.block_size, seed=seed, min_size=cfg.min_size,
-        reset_every=None if period is None else {f: period for f in fields})
+        reset_every=None if period is None else {f: period for f in fields},
+        track_stalls=True)
   return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), adamw), period
 
 

@@ -411,7 +411,8 @@ class FlaxTest(absltest.TestCase):
         return nn.Dense(256, kernel_init=nn.with_logical_partitioning(
             nn.initializers.lecun_normal(), ('embed', 'mlp')))(x)
 
-    tx = optax_q.adamw(1e-3, mu_format='int4', min_size=1024)
+    tx = optax_q.adamw(1e-3, mu_format='int4', min_size=1024,
+                       track_stalls=True)
 
     def init(key):
       params = Model().init(key, jnp.ones((2, 16)))['params']
@@ -432,7 +433,7 @@ class FlaxTest(absltest.TestCase):
 class JaxApisTest(parameterized.TestCase):
 
   def test_tree_map_params_with_is_leaf(self):
-    tx = optax_q.adamw(1e-3, mu_format='int4', min_size=0)
+    tx = optax_q.adamw(1e-3, mu_format='int4', min_size=0, track_stalls=True)
     params = _params()
     state = jax.jit(tx.init)(params)
     param_specs = {'w': P(None, 'model'), 'b': P('model')}

@@ -248,7 +248,8 @@ class CompositionTest(parameterized.TestCase):
     self.assertEqual(int(state[0].inner_state.count), 0)
 
   def test_telemetry_sees_through_the_wrapper(self):
-    tx = _adamw(mu_format='fp8_e4m3', nu_format='fp8_e4m3', reset_every=5)
+    tx = _adamw(mu_format='fp8_e4m3', nu_format='fp8_e4m3', reset_every=5,
+                track_stalls=True)
     _, state = _run(tx, _params(), 2)
     stalls = optax_q.stall_fraction(state)
     self.assertLen(stalls, 6)

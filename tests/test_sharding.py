@@ -137,7 +137,7 @@ class ShardedUpdateTest(parameterized.TestCase):
   )
   def test_matches_unsharded_without_all_gather(self, mu, nu, rounding):
     tx = optax_q.adamw(1e-2, mu_format=mu, nu_format=nu, rounding=rounding,
-                       block_size=32, min_size=0)
+                       block_size=32, min_size=0, track_stalls=True)
     sharded, plain, shardings, hlo = _run_both(tx, PARAMS)
     # Bit for bit: the stochastic-rounding bits are a hash of the global
     # element index, whatever the mesh.
@@ -256,7 +256,7 @@ class ExplicitMeshTest(parameterized.TestCase):
                                optimizer_sharding=P(None, 'x'))
       model = nnx.Linear(16, 512, kernel_init=init, rngs=nnx.Rngs(0))
       tx = optax_q.adamw(1e-3, mu_format='int4', nu_format='fp8_e4m3',
-                         block_size=32, min_size=1024)
+                         block_size=32, min_size=1024, track_stalls=True)
       opt = nnx.jit(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param))(model)
       x = jnp.ones((4, 16))
 

@@ -240,13 +240,25 @@ class QuantizeStateTest(parameterized.TestCase):
     self.assertAlmostEqual(out['stochastic'], exact, delta=0.02 * exact)
 
   def test_stall_fraction_reported(self):
-    tx = optax_q.adamw(1e-3, mu_format='int4', nu_format='int4', min_size=0)
+    tx = optax_q.adamw(1e-3, mu_format='int4', nu_format='int4', min_size=0,
+                       track_stalls=True)
     _, state = _run(tx, _params(), steps=3)
     stalls = optax_q.stall_fraction(state)
     self.assertNotEmpty(stalls)
     for v in stalls.values():
       self.assertEqual(v.shape, ())
       self.assertBetween(float(v), 0.0, 1.0)
+
+  def test_drop_ins_skip_stall_telemetry_by_default(self):
+    # Opt-in: the comparison of every stored code is a pass over the state.
+    for make in (lambda: optax_q.adamw(1e-3, min_size=0),
+                 lambda: optax_q.lion(1e-3, min_size=0),
+                 lambda: optax_q.adamw(1e-3, min_size=0, reset_every=5)):
+      _, state = _run(make(), _params(), steps=1)
+      self.assertEmpty(optax_q.stall_fraction(state))
+    plain = optax_q.quantize_state(optax.scale_by_adam(), min_size=0)
+    _, state = _run(plain, _params(), steps=1)
+    self.assertNotEmpty(optax_q.stall_fraction(state))
 
 
 class MemoryTest(parameterized.TestCase):
@@ -291,6 +303,7 @@ class BadInputTest(parameterized.TestCase):
       (dict(weight_decay=-0.1), 'weight_decay'),
       (dict(min_size=-1), 'min_size'),
       (dict(seed='zero'), 'seed'),
+      (dict(track_stalls='yes'), 'track_stalls'),
   )
   def test_adamw_value_errors(self, kwargs, msg):
     kwargs = dict(dict(learning_rate=1e-3), **kwargs)

@@ -60,10 +60,17 @@ def _moment_formats(field_formats: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
-def _wrap(inner, formats, *, rounding, block_size, seed, min_size):
+def _wrap(inner, formats, *, rounding, block_size, seed, min_size,
+          track_stalls):
   return transform.quantize_state(
       inner, formats, rounding=rounding, block_size=block_size, seed=seed,
-      min_size=min_size, elementwise=True)
+      min_size=min_size, elementwise=True, track_stalls=track_stalls)
+
+
+def _check_flag(value: Any, name: str) -> bool:
+  if not isinstance(value, bool):
+    raise ValueError(f'{name} must be True or False, got {value!r}.')
+  return value
 
 
 def _with_resets(reset_every, **kwargs):
@@ -89,6 +96,7 @@ def adamw(
     min_size: int = 4096,
     reset_every: int | str | dict[str, int | str | None] | None = None,
     nesterov: bool = False,
+    track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW with its moments stored in low precision.
 
@@ -122,6 +130,12 @@ def adamw(
       moment is bias-corrected by its local age since its last reset. See
       :func:`reset_state`.
     nesterov: Nesterov momentum, as in ``optax.adamw``.
+    track_stalls: Record each quantized leaf's stalled fraction (the share
+      of stored codes an update left unchanged) for
+      :func:`stall_fraction`. Off by default: comparing every stored code
+      costs a pass over the state, up to several times the step on CPU (see
+      the performance page). Resets with ``reset_every='adaptive'`` measure
+      their own stalls and do not need it.
 
   Returns:
     An Optax gradient transformation.
@@ -148,7 +162,7 @@ def adamw(
           learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
           nu_format=nu_format, rounding=rounding, block_size=block_size,
           seed=seed, min_size=min_size, reset_every=reset_every,
-          nesterov=nesterov),
+          nesterov=nesterov, track_stalls=track_stalls),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -156,7 +170,7 @@ def adamw(
 
 def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
                   nu_format, rounding, block_size, seed, min_size, reset_every,
-                  nesterov):
+                  nesterov, track_stalls):
   """Checks Adam's arguments; the (quantized, maybe resetting) moments."""
   b1 = _check_decay(b1, 'b1')
   b2 = _check_decay(b2, 'b2')
@@ -166,7 +180,8 @@ def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
   formats = _moment_formats(
       {'mu_format': ('mu', mu_format), 'nu_format': ('nu', nu_format)})
   common = dict(rounding=rounding, block_size=block_size, seed=seed,
-                min_size=min_size)
+                min_size=min_size,
+                track_stalls=_check_flag(track_stalls, 'track_stalls'))
   if reset_every is None:
     return _wrap(
         optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
@@ -191,8 +206,10 @@ def adam(
     min_size: int = 4096,
     reset_every: int | str | dict[str, int | str | None] | None = None,
     nesterov: bool = False,
+    track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
-  """Adam with its moments stored in low precision (see :func:`adamw`).
+  """Adam with its moments stored in low precision (see :func:`adamw`, whose
+  arguments these are).
 
   References:
     Kingma & Ba, `Adam: A Method for Stochastic Optimization
@@ -203,7 +220,7 @@ def adam(
           learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
           nu_format=nu_format, rounding=rounding, block_size=block_size,
           seed=seed, min_size=min_size, reset_every=reset_every,
-          nesterov=nesterov),
+          nesterov=nesterov, track_stalls=track_stalls),
       optax.scale_by_learning_rate(learning_rate),
   )
 
@@ -220,6 +237,7 @@ def lion(
     block_size: int = 128,
     seed: int = 0,
     min_size: int = 4096,
+    track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """Lion with its momentum stored in low precision.
 
@@ -234,7 +252,8 @@ def lion(
   formats = _moment_formats({'mu_format': ('mu', mu_format)})
   return optax.chain(
       _wrap(optax.scale_by_lion(b1=b1, b2=b2), formats, rounding=rounding,
-            block_size=block_size, seed=seed, min_size=min_size),
+            block_size=block_size, seed=seed, min_size=min_size,
+            track_stalls=_check_flag(track_stalls, 'track_stalls')),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -250,6 +269,7 @@ def sgd(
     block_size: int = 128,
     seed: int = 0,
     min_size: int = 4096,
+    track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """SGD with momentum (the ``trace``) stored in low precision.
 
@@ -265,5 +285,6 @@ def sgd(
   formats = _moment_formats({'mu_format': ('trace', mu_format)})
   moments = (optax.identity() if momentum is None else _wrap(
       optax.trace(decay=momentum, nesterov=nesterov), formats,
-      rounding=rounding, block_size=block_size, seed=seed, min_size=min_size))
+      rounding=rounding, block_size=block_size, seed=seed, min_size=min_size,
+      track_stalls=_check_flag(track_stalls, 'track_stalls')))
   return optax.chain(moments, optax.scale_by_learning_rate(learning_rate))

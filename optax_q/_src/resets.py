@@ -673,6 +673,7 @@ def adam_with_resets(
     min_size: int = 4096,
     decay: float | None = None,
     s0: float = 0.6,
+    track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Adam's quantized moments with periodic, asymmetric or adaptive resets.
 
@@ -701,6 +702,8 @@ def adam_with_resets(
       reset with the rest).
     decay: :math:`\beta` of the adaptive rule; ``b2`` by default.
     s0: Staleness tolerance of the adaptive rule.
+    track_stalls: Record per-leaf stalled fractions for
+      :func:`stall_fraction` (the adaptive rule does not need them).
 
   Returns:
     A gradient transformation whose state is a :class:`ResetState`.
@@ -721,6 +724,6 @@ def adam_with_resets(
       scale_by_adam_local_age(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                               nesterov=nesterov),
       formats, rounding=rounding, block_size=block_size, seed=seed,
-      min_size=min_size, elementwise=True)
+      min_size=min_size, elementwise=True, track_stalls=track_stalls)
   return reset_state(inner, periods, decay=b2 if decay is None else decay,
                      s0=s0)
