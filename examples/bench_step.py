@@ -172,13 +172,21 @@ def jax_configs() -> list[tuple[str, Callable[[], Any]]]:
           f'optax_q {label} {rounding}',
           lambda mu=mu, nu=nu, rounding=rounding: q(
               mu_format=mu, nu_format=nu, rounding=rounding, **kw)))
+  # What the optional stall telemetry costs (off by default in the
+  # drop-ins; quantize_state records it).
+  for fmt in ('bf16', 'fp8_e4m3'):
+    configs.append((
+        f'optax_q {fmt} stochastic, track_stalls=True',
+        lambda fmt=fmt: q(mu_format=fmt, nu_format=fmt, track_stalls=True,
+                          **kw)))
   # The same moments through the whole-tree path (an inner transform not
   # declared elementwise), to show what the leafwise tiled pass changes.
   for fmt in ('fp8_e4m3', 'int8_dynamic'):
     configs.append((
         f'optax_q {fmt} stochastic, whole-tree path',
         lambda fmt=fmt: optax.chain(
-            optax_q.quantize_state(optax.scale_by_adam(), fmt),
+            optax_q.quantize_state(optax.scale_by_adam(), fmt,
+                                   track_stalls=False),
             optax.add_decayed_weights(WEIGHT_DECAY),
             optax.scale_by_learning_rate(LR))))
   return configs
