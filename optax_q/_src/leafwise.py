@@ -24,11 +24,17 @@ update depend only on that parameter's gradient, state and value, and on
 shared scalars such as a step count), the update runs one parameter at a
 time, and a large parameter is cut into tiles of whole rows along its first
 axis, handled by a loop: decode the tile's codes, run the inner update on
-the tile, encode, count unchanged codes, write back in place. Temporaries
+the tile, encode, count unchanged codes, write the new codes. Temporaries
 are one tile, the tile stays in cache between decode and encode, and the
-results are bit for bit those of the whole-tree path (scale blocks lie
-along the last axis, inside a row, and the stochastic-rounding bits are
-drawn at each element's global index).
+new state is that of the whole-tree path (scale blocks lie along the last
+axis, inside a row, and the stochastic-rounding bits are drawn at each
+element's global index).
+
+The loop writes only the new state. The update itself is computed outside
+it, from the whole leaf's old state: it is elementwise, so the compiler
+fuses it (decode, moments, update) into its consumer, typically
+``optax.apply_updates``, as it fuses ``optax.adamw``'s chain, instead of
+the loop writing a float32 update the size of the parameter.
 
 Tile ``t`` of ``T`` holds rows ``t, t + T, t + 2T, ...``: its slice is taken
 along a new unsharded axis of a ``(rows / T, T, ...)`` view, so a leaf
@@ -291,7 +297,9 @@ def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
   update, new state leaves and the shared outputs, and records stalled
   fractions in ``stalled``. The old state is only read and the new one only
   written, tile by tile: a buffer that the loop both reads and updates in
-  place would be copied whole on every iteration.
+  place would be copied whole on every iteration. The update and the shared
+  outputs (step counts) come from one more call of the inner update on the
+  whole leaf, outside the loop, whose state outputs are dropped.
   """
   shape = tuple(g.shape)
   rows = shape[0] // tiles
@@ -329,7 +337,7 @@ def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
       else:
         values.append(take(old, t))
         old_q.append(None)
-    u, shaped, rest = call(
+    _, shaped, _ = call(
         take(g_split, t), None if p_split is None else take(p_split, t),
         values)
     outs, counts = [], []
@@ -344,27 +352,29 @@ def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
       outs.append((_to_bits(q.codes), q.scale))
       if track_stalls:
         counts.append(qarray_lib.unchanged_count(q_old, q))
-    return u, outs, rest, counts
+    return outs, counts
 
-  # Output buffers, written tile by tile: the updates, the new state
-  # leaves, the shared outputs (step counts) and unchanged-code counts.
-  u_shape, out_shapes, rest_shapes, count_shapes = jax.eval_shape(
-      lambda: tile_step(jnp.int32(0)))
+  # The new state, written tile by tile, and the unchanged-code counts.
+  out_shapes, count_shapes = jax.eval_shape(lambda: tile_step(jnp.int32(0)))
   full = lambda s: jnp.zeros((rows, tiles) + s.shape[1:], s.dtype)  # noqa: E731
-  carry0 = (full(u_shape), jax.tree.map(full, out_shapes),
-            [jnp.zeros(s.shape, s.dtype) for s in rest_shapes],
+  carry0 = (jax.tree.map(full, out_shapes),
             [jnp.zeros((), jnp.float32) for _ in count_shapes])
 
   def body(t, carry):
-    u_buf, bufs, rest0, counts = carry
-    u, outs, rest, new_counts = tile_step(t)
+    bufs, counts = carry
+    outs, new_counts = tile_step(t)
     bufs = jax.tree.map(lambda b, v: put(b, v.astype(b.dtype), t), bufs, outs)
-    rest = [lax.convert_element_type(r, r0.dtype)
-            for r, r0 in zip(rest, rest0)]
     counts = [c + n for c, n in zip(counts, new_counts)]
-    return put(u_buf, u.astype(u_buf.dtype), t), bufs, rest, counts
+    return bufs, counts
 
-  u_buf, bufs, rest, counts = lax.fori_loop(0, tiles, body, carry0)
+  bufs, counts = lax.fori_loop(0, tiles, body, carry0)
+
+  # The update, from the whole leaf's old state: elementwise, so the
+  # compiler fuses it into whatever consumes it (``apply_updates``) instead
+  # of the loop writing it out; the inner update's state outputs are unused
+  # here, and dropped.
+  u, _, rest = call(g, p, [decode_for_inner(x, rounding_for(i))
+                           for _, x, i in entries])
 
   shaped, count_it = [], iter(counts)
   for (_, x, i), buf in zip(entries, bufs):
@@ -378,4 +388,4 @@ def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
         stalled[i] = next(count_it) / jnp.float32(max(x.size, 1))
     else:
       shaped.append(buf.reshape(shape))
-  return u_buf.reshape(shape), shaped, rest
+  return u, shaped, rest
