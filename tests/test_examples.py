@@ -38,6 +38,7 @@ sys.path.insert(0, str(_EXAMPLES))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import _common  # noqa: E402
 import demo  # noqa: E402
+import profile_step  # noqa: E402
 import study_precision  # noqa: E402
 import study_staleness  # noqa: E402
 import update_error  # noqa: E402
@@ -266,6 +267,20 @@ class ExamplesTest(absltest.TestCase):
     self.assertLess(with_floor['relative_error'], 0.5)
     self.assertGreater(without['blown_up_fraction'], 0.01)
     self.assertGreater(without['relative_error'], 100.0)
+
+
+class ProfileStepTest(absltest.TestCase):
+
+  def test_quick_profile_prints_every_section(self):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      profile_step.main(['--quick', '--formats', 'fp8_e4m3', '--reps', '1'])
+    text = out.getvalue()
+    for title in ('1. Params only', '2. Codecs alone', '3. Tile size',
+                  '4. Stall telemetry'):
+      self.assertIn(title, text)
+    self.assertIn('| fp8_e4m3, tile_size=2^18 |', text)
+    self.assertIn('| optax_q fp8_e4m3 stochastic, track_stalls=True |', text)
 
 
 if __name__ == '__main__':

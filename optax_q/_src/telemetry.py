@@ -82,9 +82,13 @@ def stall_fraction(state: Any) -> dict[str, jax.Array]:
   The fraction of elements whose stored code did not change in the last
   update (zero right after ``init``), one float32 scalar per quantized leaf,
   keyed by the leaf's ``'a/b/c'`` path inside the wrapped transform's state
-  (e.g. ``'0/inner_state/0/mu/w'``). Cheap: the scalars are computed inside
-  the update. Works on any state that contains ``quantize_state`` states,
-  inside chains, masks and partitions.
+  (e.g. ``'0/inner_state/0/mu/w'``). The scalars are computed inside the
+  update when the state was made with ``track_stalls=True`` (the default of
+  :func:`quantize_state`; the drop-in optimizers such as :func:`adamw` take
+  it as an argument, off by default, since comparing every code is one more
+  pass over the state); leaves without them are left out. Works on any
+  state that contains ``quantize_state`` states, inside chains, masks and
+  partitions.
 
   References:
     Understanding Quantization of Optimizer States in LLM Pre-training:

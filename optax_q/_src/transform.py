@@ -325,8 +325,10 @@ def quantize_state(
       and value and on shared scalars (``scale_by_adam``, ``scale_by_lion``,
       ``trace``; not ``scale_by_adafactor`` or global-norm clipping). The
       update then runs one parameter at a time, large ones in tiles of
-      rows, so that no float32 copy of the whole state is ever alive; the
-      results are bit for bit those of the whole-tree path. The drop-in
+      rows, so that no float32 copy of the whole state is ever alive, and
+      the update is left to fuse into ``apply_updates``; the new state is
+      that of the whole-tree path, the updates agree with it to float32
+      rounding. The drop-in
       optimizers set it. A state not laid out per parameter (or codes held
       in ``nnx.Variable`` boxes) takes the whole-tree path.
     tile_size: With ``elementwise``, the most elements per tile of a large

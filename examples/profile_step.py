@@ -1,0 +1,253 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Where an optimizer step's time goes, on one parameter leaf.
+
+Companion of ``bench_step.py`` (which times whole steps on a model-shaped
+tree): this script takes one ``R x C`` leaf and prints four tables.
+
+1. **split**: the same ``optax_q.adamw`` step jitted three ways, returning
+   only the new parameters (XLA then drops the state's encode), only the new
+   state, or both; ``optax.adamw`` for reference. Not donated.
+2. **codecs**: ``quantize`` (nearest, stochastic) and ``dequantize`` of the
+   leaf alone, per format.
+3. **tiles**: the donated step for ``tile_size`` from 2^14 to 2^20 and
+   without tiles, with the compiled temporaries.
+4. **telemetry**: the donated step with and without ``track_stalls``.
+
+Rows of tables 1, 3 and 4 are measured round-robin, as in ``bench_step.py``
+(3 calls per row per round), so that machine noise hits every row alike.
+A single leaf's state partly fits in a large last-level cache, so its
+ratios flatter those of a whole model; quote ``bench_step.py`` for those.
+
+Usage::
+
+  python examples/profile_step.py              # 2048 x 2048
+  python examples/profile_step.py --quick      # 256 x 512, a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import optax_q
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FORMATS = {  # label -> (mu_format, nu_format)
+    'bf16': ('bf16', 'bf16'),
+    'fp8_e4m3': ('fp8_e4m3', 'fp8_e4m3'),
+    'int8_dynamic': ('int8_dynamic', 'int8_dynamic'),
+    'int4': ('int4', 'int4'),
+    'fp4': ('fp4_e2m1', 'fp4_e2m2u'),
+}
+
+
+def _median_ms(fn: Callable[[], Any], reps: int) -> float:
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(reps):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t)
+  return 1e3 * statistics.median(times)
+
+
+def _table(header, rows) -> str:
+  lines = ['| ' + ' | '.join(header) + ' |',
+           '|' + '---|' + '---:|' * (len(header) - 1)]
+  lines += ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows]
+  return '\n'.join(lines)
+
+
+def split_table(params, grads, labels, rounds) -> str:
+  """Step returning params only, state only, or both (not donated)."""
+  def prepared(tx, part):
+    state = tx.init(params)
+
+    def f(p, s, g):
+      u, s = tx.update(g, s, p)
+      new_p = optax.apply_updates(p, u)
+      return {'params': new_p, 'state': s, 'both': (new_p, s)}[part]
+
+    f = jax.jit(f)
+    jax.block_until_ready(f(params, state, grads))
+    return lambda: jax.block_until_ready(f(params, state, grads))
+
+  names, fns = ['optax.adamw fp32'], [prepared(optax.adamw(1e-3), 'params')]
+  for label in labels:
+    mu, nu = FORMATS[label]
+    for rounding in ('nearest', 'stochastic'):
+      tx = optax_q.adamw(1e-3, mu_format=mu, nu_format=nu,
+                         rounding=rounding)
+      names.append((f'optax_q {label}', rounding))
+      fns.append([prepared(tx, part) for part in ('params', 'state', 'both')])
+  flat = [fn for f in fns for fn in (f if isinstance(f, list) else [f])]
+  ms = iter(_round_robin_ms(flat, rounds))
+  rows = [('optax.adamw fp32', '-', f'{next(ms):.2f}', '-', '-')]
+  for name, rounding in names[1:]:
+    rows.append((name, rounding, *(f'{next(ms):.2f}' for _ in range(3))))
+  return _table(('optimizer', 'rounding', 'params only ms',
+                 'state only ms', 'both ms'), rows)
+
+
+def _round_robin_ms(fns, rounds) -> list[float]:
+  """Median ms of each callable, 3 calls per round, rounds interleaved."""
+  times = [[] for _ in fns]
+  for _ in range(rounds):
+    for fn, ts in zip(fns, times):
+      for _ in range(3):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+  return [1e3 * statistics.median(ts) for ts in times]
+
+
+def codec_table(x, labels, reps) -> str:
+  rows = []
+  for label in labels:
+    for fmt in dict.fromkeys(FORMATS[label]):
+      if fmt == 'fp4_e2m2u':  # Unsigned: a second moment's format.
+        y = jnp.abs(x)
+      else:
+        y = x
+      enc = {r: jax.jit(lambda a, fmt=fmt, r=r: optax_q.quantize(
+          a, fmt, rounding=r)) for r in ('nearest', 'stochastic')}
+      q = enc['nearest'](y)
+      dec = jax.jit(optax_q.dequantize)
+      rows.append((fmt, f"{_median_ms(lambda: enc['nearest'](y), reps):.2f}",
+                   f"{_median_ms(lambda: enc['stochastic'](y), reps):.2f}",
+                   f'{_median_ms(lambda: dec(q), reps):.2f}'))
+  return _table(('format', 'quantize nearest ms', 'quantize stochastic ms',
+                 'dequantize ms'), rows)
+
+
+def round_robin(params_np, grads, configs, rounds) -> list[tuple]:
+  """Donated steps of ``configs`` [(name, tx)], measured round-robin."""
+  runs = []
+  for name, tx in configs:
+    params = jax.tree.map(jnp.asarray, params_np)
+    state = tx.init(params)
+
+    def f(p, s, g, tx=tx):
+      u, s = tx.update(g, s, p)
+      return optax.apply_updates(p, u), s
+
+    step = jax.jit(f, donate_argnums=(0, 1))
+    temp = step.lower(params, state, grads).compile().memory_analysis()
+    holder = {'ps': step(params, state, grads)}
+    jax.block_until_ready(holder['ps'])
+
+    def run(step=step, holder=holder):
+      holder['ps'] = step(*holder['ps'], grads)
+      jax.block_until_ready(holder['ps'])
+
+    runs.append((name, run, temp.temp_size_in_bytes / 2**20))
+  ms = _round_robin_ms([run for _, run, _ in runs], rounds)
+  return [(name, f'{m:.2f}', f'{m / ms[0]:.2f}x', f'{temp:.1f}')
+          for (name, _, temp), m in zip(runs, ms)]
+
+
+def _quantized_adam(mu, nu, **kw):
+  return optax.chain(
+      optax_q.quantize_state(optax.scale_by_adam(), {'mu': mu, 'nu': nu},
+                             elementwise=True, **kw),
+      optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(1e-3))
+
+
+def tiles_table(params_np, grads, labels, rounds) -> str:
+  configs = [('optax.adamw fp32', optax.adamw(1e-3, weight_decay=1e-4))]
+  for label in labels:
+    if label == 'bf16':
+      continue  # Unscaled: never tiled.
+    mu, nu = FORMATS[label]
+    for tile in (2**14, 2**16, 2**18, 2**20, None):
+      name = f'{label}, tile_size={tile if tile is None else f"2^{tile.bit_length() - 1}"}'
+      configs.append((name, _quantized_adam(
+          mu, nu, rounding='nearest', track_stalls=False, tile_size=tile)))
+  return _table(('step (nearest)', 'median ms', 'ratio', 'compiled temp MiB'),
+                round_robin(params_np, grads, configs, rounds))
+
+
+def telemetry_table(params_np, grads, labels, rounds) -> str:
+  configs = [('optax.adamw fp32', optax.adamw(1e-3, weight_decay=1e-4))]
+  for label in labels:
+    mu, nu = FORMATS[label]
+    for on in (False, True):
+      configs.append((f'optax_q {label} stochastic, track_stalls={on}',
+                      optax_q.adamw(1e-3, mu_format=mu, nu_format=nu,
+                                    track_stalls=on)))
+  return _table(('step', 'median ms', 'ratio', 'compiled temp MiB'),
+                round_robin(params_np, grads, configs, rounds))
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--rows', type=int, default=2048)
+  parser.add_argument('--cols', type=int, default=2048)
+  parser.add_argument('--formats', nargs='+', default=list(FORMATS),
+                      choices=list(FORMATS))
+  parser.add_argument('--reps', type=int, default=15)
+  parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--quick', action='store_true',
+                      help='a 256 x 512 leaf and few repetitions')
+  parser.add_argument('--out', default=os.path.join(_ROOT, 'docs', 'results'),
+                      help='directory for profile_step.md')
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.rows, args.cols, args.reps, args.rounds = 256, 512, 3, 1
+  rng = np.random.default_rng(0)
+  shape = (args.rows, args.cols)
+  params_np = {'w': rng.standard_normal(shape, dtype=np.float32) * 0.02}
+  grads = {'w': jnp.asarray(rng.standard_normal(shape, dtype=np.float32)
+                            * 1e-3)}
+  params = jax.tree.map(jnp.asarray, params_np)
+  sections = [
+      ('1. Params only, state only, both (not donated, round-robin)',
+       split_table(params, grads, args.formats, args.rounds)),
+      ('2. Codecs alone', codec_table(grads['w'] * 1e3, args.formats,
+                                      args.reps)),
+      ('3. Tile size (donated, round-robin)',
+       tiles_table(params_np, grads, args.formats, args.rounds)),
+      ('4. Stall telemetry (donated, round-robin)',
+       telemetry_table(params_np, grads,
+                       [f for f in ('bf16', 'fp8_e4m3') if f in args.formats],
+                       args.rounds)),
+  ]
+  dev = jax.devices()[0]
+  flags = shlex.join(sys.argv[1:] if argv is None else argv)
+  head = (f'Command: `python examples/profile_step.py{" " * bool(flags)}'
+          f'{flags}`  \n'
+          f'One {args.rows} x {args.cols} leaf; jax {jax.__version__} on '
+          f'{dev.platform} ({dev.device_kind}).')
+  text = head + '\n\n' + '\n\n'.join(
+      f'### {title}\n\n{table}' for title, table in sections) + '\n'
+  print(text)
+  if not args.quick:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, 'profile_step.md'), 'w') as f:
+      f.write(text)
+
+
+if __name__ == '__main__':
+  main()
