@@ -87,10 +87,13 @@ class TilingTest(parameterized.TestCase):
 
   @parameterized.product(
       fmt=('int8_dynamic', 'fp8_e4m3', 'int4', 'fp4_e2m1', 'int8'),
-      rounding=('nearest', 'stochastic'))
-  def test_tiled_matches_whole_tree(self, fmt, rounding):
+      rounding=('nearest', 'stochastic'),
+      # Without stall counts the loop overwrites the old state in place.
+      track_stalls=(True, False))
+  def test_tiled_matches_whole_tree(self, fmt, rounding, track_stalls):
     params = _params()
-    whole, tiled = _pair(optax.scale_by_adam, fmt, rounding)
+    whole, tiled = _pair(optax.scale_by_adam, fmt, rounding,
+                         track_stalls=track_stalls)
     pw, sw, uw = _run(whole, params)
     pt, st, ut = _run(tiled, params)
     for a, b in zip(jax.tree.leaves(uw), jax.tree.leaves(ut)):
@@ -118,11 +121,13 @@ class TilingTest(parameterized.TestCase):
         # mu quantized, nu kept in float32: an unquantized leaf in the loop.
         (optax.scale_by_adam, {'mu': 'int8'}),
     ):
-      whole, tiled = _pair(inner_fn, formats, 'stochastic')
-      pw, _, _ = _run(whole, params)
-      pt, _, _ = _run(tiled, params)
-      for a, b in zip(jax.tree.leaves(pw), jax.tree.leaves(pt)):
-        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+      for track_stalls in (True, False):
+        whole, tiled = _pair(inner_fn, formats, 'stochastic',
+                             track_stalls=track_stalls)
+        pw, _, _ = _run(whole, params)
+        pt, _, _ = _run(tiled, params)
+        for a, b in zip(jax.tree.leaves(pw), jax.tree.leaves(pt)):
+          np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
 
   def test_resets_and_local_ages(self):
     params = _params()

@@ -295,11 +295,11 @@ def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
 
   ``entries`` are its state leaves ``(slot, leaf, flat index)``; returns its
   update, new state leaves and the shared outputs, and records stalled
-  fractions in ``stalled``. The old state is only read and the new one only
-  written, tile by tile: a buffer that the loop both reads and updates in
-  place would be copied whole on every iteration. The update and the shared
-  outputs (step counts) come from one more call of the inner update on the
-  whole leaf, outside the loop, whose state outputs are dropped.
+  fractions in ``stalled``. The new state overwrites the old one tile by
+  tile, in place, unless stalls are counted (see the loop). The update and
+  the shared outputs (step counts) come from one more call of the inner
+  update on the whole leaf, outside the loop, whose state outputs are
+  dropped.
   """
   shape = tuple(g.shape)
   rows = shape[0] // tiles
@@ -324,18 +324,18 @@ def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
     else:
       olds.append(split(x))
 
-  def tile_step(t):
+  def tile_step(t, src):
+    src = jax.tree.map(lambda b: take(b, t), src)
     values, old_q = [], []
-    for (_, x, i), old in zip(entries, olds):
+    for (_, x, i), old in zip(entries, src):
       if qarray_lib.is_qarray(x):
         codes, scale = old
-        q = QArray(_from_bits(take(codes, t), x.codes.dtype),
-                   None if scale is None else take(scale, t), x.fmt,
+        q = QArray(_from_bits(codes, x.codes.dtype), scale, x.fmt,
                    tile_shape, x.dtype, x.scale_mode, x.block_size)
         values.append(decode_for_inner(q, rounding_for(i)))
         old_q.append(q)
       else:
-        values.append(take(old, t))
+        values.append(old)
         old_q.append(None)
     _, shaped, _ = call(
         take(g_split, t), None if p_split is None else take(p_split, t),
@@ -355,14 +355,21 @@ def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
     return outs, counts
 
   # The new state, written tile by tile, and the unchanged-code counts.
-  out_shapes, count_shapes = jax.eval_shape(lambda: tile_step(jnp.int32(0)))
+  # Without stall counts the loop carries the old state and overwrites it
+  # tile by tile (tile t is read before it is written, and by no other
+  # tile). The stall count reads the old tile once more, after the write,
+  # and the compiler would then copy the whole buffer on every iteration:
+  # with it, the loop reads the old state and fills separate buffers.
+  out_shapes, count_shapes = jax.eval_shape(
+      lambda: tile_step(jnp.int32(0), olds))
   full = lambda s: jnp.zeros((rows, tiles) + s.shape[1:], s.dtype)  # noqa: E731
-  carry0 = (jax.tree.map(full, out_shapes),
+  in_place = not track_stalls
+  carry0 = (olds if in_place else jax.tree.map(full, out_shapes),
             [jnp.zeros((), jnp.float32) for _ in count_shapes])
 
   def body(t, carry):
     bufs, counts = carry
-    outs, new_counts = tile_step(t)
+    outs, new_counts = tile_step(t, bufs if in_place else olds)
     bufs = jax.tree.map(lambda b, v: put(b, v.astype(b.dtype), t), bufs, outs)
     counts = [c + n for c, n in zip(counts, new_counts)]
     return bufs, counts
