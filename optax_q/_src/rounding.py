@@ -327,6 +327,14 @@ def _bucket_lut(table: tuple[float, ...], mode: str):
   return elo, m, nk, bucket_thr, codes
 
 
+def bucketed(table: tuple[float, ...] | None) -> bool:
+  """Whether a static table is searched by the bucketed lookup (gathers)
+  rather than a chain of comparisons."""
+  if not table:
+    return False
+  return len(_table_steps(table, 'nearest')[1]) > _CHAIN_MAX_STEPS
+
+
 def _static_index(x: jax.Array, table: tuple[float, ...], mode: str):
   """The reference index function of ``mode`` at clipped ``x`` (int32)."""
   start, thr, vals = _table_steps(table, mode)
