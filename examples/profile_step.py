@@ -25,8 +25,9 @@ tree): this script takes one ``R x C`` leaf and prints four tables.
    without tiles, with the compiled temporaries.
 4. **telemetry**: the donated step with and without ``track_stalls``.
 
-Rows of tables 1, 3 and 4 are measured round-robin, as in ``bench_step.py``
-(3 calls per row per round), so that machine noise hits every row alike.
+Rows of tables 1, 3 and 4 are measured round-robin with ``bench_step.py``'s
+helpers (3 calls per row per round), so that machine noise hits every row
+alike.
 A single leaf's state partly fits in a large last-level cache, so its
 ratios flatter those of a whole model; quote ``bench_step.py`` for those.
 
@@ -52,6 +53,8 @@ import numpy as np
 import optax
 
 import optax_q
+
+import bench_step  # pylint: disable=g-bad-import-order
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = {  # label -> (mu_format, nu_format)
@@ -112,15 +115,10 @@ def split_table(params, grads, labels, rounds) -> str:
 
 
 def _round_robin_ms(fns, rounds) -> list[float]:
-  """Median ms of each callable, 3 calls per round, rounds interleaved."""
-  times = [[] for _ in fns]
-  for _ in range(rounds):
-    for fn, ts in zip(fns, times):
-      for _ in range(3):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-  return [1e3 * statistics.median(ts) for ts in times]
+  """Median ms of each callable, measured as ``bench_step.measure`` does."""
+  rows = [bench_step.Row(str(i), fn, 0, 1, 0) for i, fn in enumerate(fns)]
+  bench_step.measure(rows, rounds, 3 * rounds)
+  return [1e3 * statistics.median(r.times) for r in rows]
 
 
 def codec_table(x, labels, reps) -> str:
@@ -144,28 +142,16 @@ def codec_table(x, labels, reps) -> str:
 
 def round_robin(params_np, grads, configs, rounds) -> list[tuple]:
   """Donated steps of ``configs`` [(name, tx)], measured round-robin."""
-  runs = []
-  for name, tx in configs:
-    params = jax.tree.map(jnp.asarray, params_np)
-    state = tx.init(params)
-
-    def f(p, s, g, tx=tx):
-      u, s = tx.update(g, s, p)
-      return optax.apply_updates(p, u), s
-
-    step = jax.jit(f, donate_argnums=(0, 1))
-    temp = step.lower(params, state, grads).compile().memory_analysis()
-    holder = {'ps': step(params, state, grads)}
-    jax.block_until_ready(holder['ps'])
-
-    def run(step=step, holder=holder):
-      holder['ps'] = step(*holder['ps'], grads)
-      jax.block_until_ready(holder['ps'])
-
-    runs.append((name, run, temp.temp_size_in_bytes / 2**20))
-  ms = _round_robin_ms([run for _, run, _ in runs], rounds)
-  return [(name, f'{m:.2f}', f'{m / ms[0]:.2f}x', f'{temp:.1f}')
-          for (name, _, temp), m in zip(runs, ms)]
+  n = sum(x.size for x in params_np.values())
+  rows = [bench_step.jax_row(name, tx, params_np, grads, n)
+          for name, tx in configs]
+  for row in rows:
+    row.step()
+  bench_step.measure(rows, rounds, 3 * rounds)
+  base = statistics.median(rows[0].times)
+  return [(r.name, f'{1e3 * statistics.median(r.times):.2f}',
+           f'{statistics.median(r.times) / base:.2f}x',
+           f'{r.temp_bytes / 2**20:.1f}') for r in rows]
 
 
 def _quantized_adam(mu, nu, **kw):
