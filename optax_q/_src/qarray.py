@@ -168,31 +168,23 @@ def _encode_values(
     # Positive values never round to zero (second moments); NaN stays NaN.
     y = jnp.where(y > 0, jnp.maximum(y, jnp.float32(fmt.min_positive)), y)
   if fmt.kind == 'float':
-    native = fmt.bits == 8 * fmt.dtype.itemsize and fmt.name != 'fp32'
-    layout = minifloat.layout_of(fmt.dtype) if native else None
-    if layout is not None:
-      # fp8: saturate (or round stochastically onto the grid, which
-      # saturates), then the vectorizable bit-level encoder.
-      if u is None:
-        y = jnp.where(jnp.isfinite(y),
-                      jnp.clip(y, -fmt.max_value, fmt.max_value), y)
-      else:
-        y = rounding_lib.round_float_grid(
-            y, exponent_bits=fmt.exponent_bits,
-            mantissa_bits=fmt.mantissa_bits, max_value=fmt.max_value, u=u)
-      return lax.bitcast_convert_type(minifloat.encode(y, **layout),
-                                      fmt.dtype)
-    if native and u is None:
-      # XLA's cast is round-to-nearest-even with correct subnormals; clip
-      # first, since e4m3fn has no infinity and overflows to NaN.
-      y = jnp.where(jnp.isfinite(y),
-                    jnp.clip(y, -fmt.max_value, fmt.max_value), y)
-      return y.astype(fmt.dtype)
     if fmt.name == 'fp32':
       return y
-    y = rounding_lib.round_float_grid(
-        y, exponent_bits=fmt.exponent_bits, mantissa_bits=fmt.mantissa_bits,
-        max_value=fmt.max_value, u=u)
+    native = fmt.bits == 8 * fmt.dtype.itemsize
+    if native and u is None:
+      # Saturate; the cast (or the fp8 encoder) then rounds half to even
+      # with correct subnormals. e4m3fn has no infinity: an unclipped
+      # overflow would become NaN.
+      y = jnp.where(jnp.isfinite(y),
+                    jnp.clip(y, -fmt.max_value, fmt.max_value), y)
+    else:
+      y = rounding_lib.round_float_grid(
+          y, exponent_bits=fmt.exponent_bits,
+          mantissa_bits=fmt.mantissa_bits, max_value=fmt.max_value, u=u)
+    layout = minifloat.layout_of(fmt.dtype) if native else None
+    if layout is not None:  # fp8: the vectorizable bit-level encoder.
+      return lax.bitcast_convert_type(minifloat.encode(y, **layout),
+                                      fmt.dtype)
     return y.astype(fmt.dtype)
   if fmt.kind == 'int':
     q = fmt.max_value
