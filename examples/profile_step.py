@@ -25,11 +25,11 @@ tree): this script takes one ``R x C`` leaf and prints four tables.
    without tiles, with the compiled temporaries.
 4. **telemetry**: the donated step with and without ``track_stalls``.
 
-Rows of tables 1, 3 and 4 are measured round-robin with ``bench_step.py``'s
-helpers (3 calls per row per round), so that machine noise hits every row
-alike.
-A single leaf's state partly fits in a large last-level cache, so its
-ratios flatter those of a whole model; quote ``bench_step.py`` for those.
+Rows of every table are measured round-robin with ``bench_step.py``'s
+helpers (3 calls per row per round, after one call that compiles it), so
+that machine noise hits every row alike. A single leaf's state partly fits
+in a large last-level cache, so its ratios flatter those of a whole model;
+quote ``bench_step.py`` for those.
 
 Usage::
 
@@ -44,9 +44,6 @@ import os
 import shlex
 import statistics
 import sys
-import time
-from typing import Any, Callable
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,16 +61,6 @@ FORMATS = {  # label -> (mu_format, nu_format)
     'int4': ('int4', 'int4'),
     'fp4': ('fp4_e2m1', 'fp4_e2m2u'),
 }
-
-
-def _median_ms(fn: Callable[[], Any], reps: int) -> float:
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t)
-  return 1e3 * statistics.median(times)
 
 
 def _table(header, rows) -> str:
@@ -117,25 +104,28 @@ def split_table(params, grads, labels, rounds) -> str:
 def _round_robin_ms(fns, rounds) -> list[float]:
   """Median ms of each callable, measured as ``bench_step.measure`` does."""
   rows = [bench_step.Row(str(i), fn, 0, 1, 0) for i, fn in enumerate(fns)]
+  for row in rows:
+    row.step()  # Compile.
   bench_step.measure(rows, rounds, 3 * rounds)
   return [1e3 * statistics.median(r.times) for r in rows]
 
 
-def codec_table(x, labels, reps) -> str:
-  rows = []
+def codec_table(x, labels, rounds) -> str:
+  """``quantize`` (both roundings) and ``dequantize`` of ``x``, per format."""
+  fmts, fns = [], []
   for label in labels:
     for fmt in dict.fromkeys(FORMATS[label]):
-      if fmt == 'fp4_e2m2u':  # Unsigned: a second moment's format.
-        y = jnp.abs(x)
-      else:
-        y = x
-      enc = {r: jax.jit(lambda a, fmt=fmt, r=r: optax_q.quantize(
-          a, fmt, rounding=r)) for r in ('nearest', 'stochastic')}
-      q = enc['nearest'](y)
+      # fp4_e2m2u is unsigned: a second moment's format.
+      y = jnp.abs(x) if fmt == 'fp4_e2m2u' else x
+      encs = [jax.jit(lambda a, fmt=fmt, r=r: optax_q.quantize(
+          a, fmt, rounding=r)) for r in ('nearest', 'stochastic')]
+      q = encs[0](y)
       dec = jax.jit(optax_q.dequantize)
-      rows.append((fmt, f"{_median_ms(lambda: enc['nearest'](y), reps):.2f}",
-                   f"{_median_ms(lambda: enc['stochastic'](y), reps):.2f}",
-                   f'{_median_ms(lambda: dec(q), reps):.2f}'))
+      fmts.append(fmt)
+      fns += [lambda e=e, y=y: jax.block_until_ready(e(y)) for e in encs]
+      fns.append(lambda q=q, dec=dec: jax.block_until_ready(dec(q)))
+  ms = iter(_round_robin_ms(fns, rounds))
+  rows = [(fmt, *(f'{next(ms):.2f}' for _ in range(3))) for fmt in fmts]
   return _table(('format', 'quantize nearest ms', 'quantize stochastic ms',
                  'dequantize ms'), rows)
 
@@ -167,8 +157,9 @@ def tiles_table(params_np, grads, labels, rounds) -> str:
     if label == 'bf16':
       continue  # Unscaled: never tiled.
     mu, nu = FORMATS[label]
-    for tile in (2**14, 2**16, 2**18, 2**20, None):
-      name = f'{label}, tile_size={tile if tile is None else f"2^{tile.bit_length() - 1}"}'
+    for log2 in (14, 16, 18, 20, None):
+      tile = None if log2 is None else 2**log2
+      name = f'{label}, tile_size={"None" if log2 is None else f"2^{log2}"}'
       configs.append((name, _quantized_adam(
           mu, nu, rounding='nearest', track_stalls=False, tile_size=tile)))
   return _table(('step (nearest)', 'median ms', 'ratio', 'compiled temp MiB'),
@@ -193,7 +184,6 @@ def main(argv=None) -> None:
   parser.add_argument('--cols', type=int, default=2048)
   parser.add_argument('--formats', nargs='+', default=list(FORMATS),
                       choices=list(FORMATS))
-  parser.add_argument('--reps', type=int, default=15)
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--quick', action='store_true',
                       help='a 256 x 512 leaf and few repetitions')
@@ -201,7 +191,7 @@ def main(argv=None) -> None:
                       help='directory for profile_step.md')
   args = parser.parse_args(argv)
   if args.quick:
-    args.rows, args.cols, args.reps, args.rounds = 256, 512, 3, 1
+    args.rows, args.cols, args.rounds = 256, 512, 1
   rng = np.random.default_rng(0)
   shape = (args.rows, args.cols)
   params_np = {'w': rng.standard_normal(shape, dtype=np.float32) * 0.02}
@@ -211,8 +201,8 @@ def main(argv=None) -> None:
   sections = [
       ('1. Params only, state only, both (not donated, round-robin)',
        split_table(params, grads, args.formats, args.rounds)),
-      ('2. Codecs alone', codec_table(grads['w'] * 1e3, args.formats,
-                                      args.reps)),
+      ('2. Codecs alone (round-robin)',
+       codec_table(grads['w'] * 1e3, args.formats, args.rounds)),
       ('3. Tile size (donated, round-robin)',
        tiles_table(params_np, grads, args.formats, args.rounds)),
       ('4. Stall telemetry (donated, round-robin)',

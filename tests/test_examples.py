@@ -274,7 +274,7 @@ class ProfileStepTest(absltest.TestCase):
   def test_quick_profile_prints_every_section(self):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-      profile_step.main(['--quick', '--formats', 'fp8_e4m3', '--reps', '1'])
+      profile_step.main(['--quick', '--formats', 'fp8_e4m3'])
     text = out.getvalue()
     for title in ('1. Params only', '2. Codecs alone', '3. Tile size',
                   '4. Stall telemetry'):

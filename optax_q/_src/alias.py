@@ -67,11 +67,6 @@ def _wrap(inner, formats, *, rounding, block_size, seed, min_size,
       min_size=min_size, elementwise=True, track_stalls=track_stalls)
 
 
-def _check_flag(value: Any, name: str) -> bool:
-  if not isinstance(value, bool):
-    raise ValueError(f'{name} must be True or False, got {value!r}.')
-  return value
-
 
 def _with_resets(reset_every, **kwargs):
   """Adam moments with periodic, asymmetric or adaptive resets."""
@@ -180,8 +175,7 @@ def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
   formats = _moment_formats(
       {'mu_format': ('mu', mu_format), 'nu_format': ('nu', nu_format)})
   common = dict(rounding=rounding, block_size=block_size, seed=seed,
-                min_size=min_size,
-                track_stalls=_check_flag(track_stalls, 'track_stalls'))
+                min_size=min_size, track_stalls=track_stalls)
   if reset_every is None:
     return _wrap(
         optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
@@ -253,7 +247,7 @@ def lion(
   return optax.chain(
       _wrap(optax.scale_by_lion(b1=b1, b2=b2), formats, rounding=rounding,
             block_size=block_size, seed=seed, min_size=min_size,
-            track_stalls=_check_flag(track_stalls, 'track_stalls')),
+            track_stalls=track_stalls),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -286,5 +280,5 @@ def sgd(
   moments = (optax.identity() if momentum is None else _wrap(
       optax.trace(decay=momentum, nesterov=nesterov), formats,
       rounding=rounding, block_size=block_size, seed=seed, min_size=min_size,
-      track_stalls=_check_flag(track_stalls, 'track_stalls')))
+      track_stalls=track_stalls))
   return optax.chain(moments, optax.scale_by_learning_rate(learning_rate))

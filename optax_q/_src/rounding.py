@@ -327,18 +327,19 @@ def _bucket_lut(table: tuple[float, ...], mode: str):
   return elo, m, nk, bucket_thr, codes
 
 
-def bucketed(table: tuple[float, ...] | None) -> bool:
+def bucketed(table: tuple[float, ...] | None, mode: str = 'nearest') -> bool:
   """Whether a static table is searched by the bucketed lookup (gathers)
-  rather than a chain of comparisons."""
+  rather than a chain of comparisons (more than ``_CHAIN_MAX_STEPS`` steps
+  of its index function)."""
   if not table:
     return False
-  return len(_table_steps(table, 'nearest')[1]) > _CHAIN_MAX_STEPS
+  return len(_table_steps(table, mode)[1]) > _CHAIN_MAX_STEPS
 
 
 def _static_index(x: jax.Array, table: tuple[float, ...], mode: str):
   """The reference index function of ``mode`` at clipped ``x`` (int32)."""
-  start, thr, vals = _table_steps(table, mode)
-  if thr.size <= _CHAIN_MAX_STEPS:
+  if not bucketed(table, mode):
+    start, thr, vals = _table_steps(table, mode)
     idx = jnp.full(x.shape, start, jnp.int32)
     prev = start
     for t, v in zip(thr.tolist(), vals.tolist()):
@@ -363,7 +364,7 @@ def _round_to_static_table(x, table, u):
   if u is None:
     return _static_index(x, table, 'nearest')
   lo = _static_index(x, table, 'floor')
-  if t.size <= _CHAIN_MAX_STEPS + 1:
+  if not bucketed(table, 'floor'):
     lo_v = jnp.full(x.shape, t[0], jnp.float32)
     hi_v = jnp.full(x.shape, t[1], jnp.float32)
     for i in range(1, t.size - 1):

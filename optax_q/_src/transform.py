@@ -369,8 +369,10 @@ def quantize_state(
     raise ValueError(
         f'min_size must be a non-negative Python int, got {min_size!r}.'
         + (static_hint if isinstance(min_size, jax.Array) else ''))
-  if not isinstance(elementwise, bool):
-    raise ValueError(f'elementwise must be a bool, got {elementwise!r}.')
+  for flag, value in (('elementwise', elementwise),
+                      ('track_stalls', track_stalls)):
+    if not isinstance(value, bool):
+      raise ValueError(f'{flag} must be a bool, got {value!r}.')
   if tile_size is not None and (
       not isinstance(tile_size, int) or isinstance(tile_size, bool)
       or tile_size < 1):
