@@ -368,6 +368,22 @@ def run(
 
 
 # ----------------------------------------------------------------------------
+# Where results go.
+# ----------------------------------------------------------------------------
+
+
+def default_out(script: str) -> str:
+  """``runs/<script name>`` in the repository: every script's ``--out``.
+
+  ``runs/`` is git-ignored, so trying a script never edits the checkout.
+  The published results are written only when asked for, with
+  ``--out docs/results`` (and ``--doc docs/<page>.md`` for a page that
+  quotes them), as the commands in ``docs/`` do.
+  """
+  return str(ROOT / 'runs' / pathlib.Path(script).stem)
+
+
+# ----------------------------------------------------------------------------
 # Provenance.
 # ----------------------------------------------------------------------------
 

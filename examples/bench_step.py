@@ -27,11 +27,18 @@ PyTorch, torchao and bitsandbytes rows are optional: each is skipped with a
 note when its package does not import or its optimizer fails on this
 machine.
 
+Writes ``bench_step.json`` and ``bench_step.md`` (``bench_step_quick.*``
+with ``--quick``, so that a smoke test never overwrites a full run) to
+``--out``, by default ``runs/bench_step/`` in the repository (git-ignored).
+The published results are written only when asked for, with
+``--out docs/results``.
+
 Usage::
 
   python examples/bench_step.py                      # CPU: d=512, 8 layers
   python examples/bench_step.py --d 1024 --layers 24 # GPU size
   python examples/bench_step.py --quick              # smoke test
+  python examples/bench_step.py --out docs/results   # the published table
 """
 
 from __future__ import annotations
@@ -360,7 +367,8 @@ def render_table(result: dict[str, Any]) -> str:
   return out
 
 
-def main(argv=None) -> dict[str, Any]:
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--d', type=int, default=512, help='model width')
   parser.add_argument('--layers', type=int, default=8)
@@ -375,9 +383,15 @@ def main(argv=None) -> dict[str, Any]:
                       help='skip PyTorch, torchao and bitsandbytes')
   parser.add_argument('--only', default='',
                       help='comma-separated substrings; keep matching rows')
-  parser.add_argument('--out', default=os.path.join(_ROOT, 'docs', 'results'),
-                      help='directory for bench_step.json and .md')
-  args = parser.parse_args(argv)
+  parser.add_argument(
+      '--out', default=os.path.join(_ROOT, 'runs', 'bench_step'),
+      help='directory for bench_step.json and .md (default: runs/bench_step; '
+      'docs/results for the published ones)')
+  return parser
+
+
+def main(argv=None) -> dict[str, Any]:
+  args = make_parser().parse_args(argv)
   if args.quick:
     args.d, args.layers, args.rounds = 64, 2, 2
   mode = 'quick' if args.quick else 'full'

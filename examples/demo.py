@@ -25,7 +25,8 @@ schedule (warm-up then cosine, clipping 1.0):
 
 It prints a table (final validation loss, optimizer-state bytes, bits per
 state element, median step time, ratios to fp32) and writes a loss-curve
-plot and metrics JSON to ``--out`` (default ``runs/demo/``)::
+plot and metrics JSON to ``--out`` (default ``runs/demo/`` in the
+repository, which git ignores)::
 
   python examples/demo.py
   python examples/demo.py --steps 1000 --configs fp32 int8_dynamic/sr 4bit/sr
@@ -71,11 +72,12 @@ def table_rows(rows):
   return out
 
 
-def main(argv=None):
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(
       description=__doc__.split('\n')[0],
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument('--out', default='runs/demo',
+  parser.add_argument('--out', default=_common.default_out(__file__),
                       help='output directory (plot, metrics)')
   parser.add_argument(
       '--configs', nargs='+', default=list(DEFAULT_CONFIGS),
@@ -83,7 +85,11 @@ def main(argv=None):
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--no-progress', action='store_true')
   _common.add_run_args(parser, DEFAULTS)
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None):
+  args = make_parser().parse_args(argv)
   cfg = _common.run_config_from_args(args)
   opts = [_common.parse_config(c) for c in args.configs]
   out = pathlib.Path(args.out)

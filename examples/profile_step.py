@@ -31,10 +31,17 @@ that machine noise hits every row alike. A single leaf's state partly fits
 in a large last-level cache, so its ratios flatter those of a whole model;
 quote ``bench_step.py`` for those.
 
+Prints the tables and writes them to ``profile_step.md`` in ``--out``
+(``profile_step_quick.md`` with ``--quick``, so that a smoke test never
+overwrites a full run), by default ``runs/profile_step/`` in the repository
+(git-ignored). The published tables are written only when asked for, with
+``--out docs/results``.
+
 Usage::
 
-  python examples/profile_step.py              # 2048 x 2048
-  python examples/profile_step.py --quick      # 256 x 512, a smoke test
+  python examples/profile_step.py                     # 2048 x 2048
+  python examples/profile_step.py --quick             # 256 x 512, a smoke test
+  python examples/profile_step.py --out docs/results  # the published tables
 """
 
 from __future__ import annotations
@@ -178,7 +185,8 @@ def telemetry_table(params_np, grads, labels, rounds) -> str:
                 round_robin(params_np, grads, configs, rounds))
 
 
-def main(argv=None) -> None:
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rows', type=int, default=2048)
   parser.add_argument('--cols', type=int, default=2048)
@@ -187,9 +195,16 @@ def main(argv=None) -> None:
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--quick', action='store_true',
                       help='a 256 x 512 leaf and few repetitions')
-  parser.add_argument('--out', default=os.path.join(_ROOT, 'docs', 'results'),
-                      help='directory for profile_step.md')
-  args = parser.parse_args(argv)
+  parser.add_argument(
+      '--out', default=os.path.join(_ROOT, 'runs', 'profile_step'),
+      help='directory for profile_step.md (default: runs/profile_step; '
+      'docs/results for the published tables)')
+  return parser
+
+
+def main(argv=None) -> str:
+  """Prints the tables, writes them to ``--out`` and returns the file."""
+  args = make_parser().parse_args(argv)
   if args.quick:
     args.rows, args.cols, args.rounds = 256, 512, 1
   rng = np.random.default_rng(0)
@@ -219,10 +234,13 @@ def main(argv=None) -> None:
   text = head + '\n\n' + '\n\n'.join(
       f'### {title}\n\n{table}' for title, table in sections) + '\n'
   print(text)
-  if not args.quick:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, 'profile_step.md'), 'w') as f:
-      f.write(text)
+  os.makedirs(args.out, exist_ok=True)
+  path = os.path.join(
+      args.out, 'profile_step_quick.md' if args.quick else 'profile_step.md')
+  with open(path, 'w') as f:
+    f.write(text)
+  print(f'wrote {path}')
+  return path
 
 
 if __name__ == '__main__':

@@ -46,12 +46,15 @@ Two experiments:
    outside the model's assumptions, for contrast.
 
 Writes ``staleness_sim.json``, ``staleness_sim.md`` and two PNGs to
-``--out`` (default ``docs/results``).
+``--out``, by default ``runs/staleness_simulation/`` in the repository
+(git-ignored). The published results are written only when asked for, with
+``--out docs/results``.
 
 Usage::
 
   python examples/staleness_simulation.py            # full: ~3 min, 2 cores
   python examples/staleness_simulation.py --quick    # smaller, ~1 min
+  python examples/staleness_simulation.py --out docs/results  # published
 """
 
 from __future__ import annotations
@@ -289,7 +292,8 @@ def _plots(out_dir, tracking, stationary, args):
   plt.close(fig)
 
 
-def main(argv=None):
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--quick', action='store_true',
                       help='fewer coordinates and steps')
@@ -305,9 +309,16 @@ def main(argv=None):
                       default=[0.99, 0.995],
                       help='further b2 values for the model check')
   parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--out', default=str(ROOT / 'docs' / 'results'))
+  parser.add_argument(
+      '--out', default=_common.default_out(__file__),
+      help='output directory (default: runs/staleness_simulation; '
+      'docs/results for the published results)')
   parser.add_argument('--no-plots', action='store_true')
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None):
+  args = make_parser().parse_args(argv)
   args.dim = args.dim or (4096 if args.quick else 16384)
   args.steps = args.steps or (4000 if args.quick else 8000)
   args.drop_step = args.drop_step or args.steps // 2
@@ -315,7 +326,8 @@ def main(argv=None):
   out_dir = pathlib.Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
   meta = dict(
-      command=_common.command_line(), git_revision=_common.git_revision(),
+      command=_common.command_line(__file__, argv),
+      git_revision=_common.git_revision(),
       date=datetime.datetime.now(datetime.timezone.utc).strftime(
           '%Y-%m-%d %H:%M UTC'),
       machine=_common.machine(), mode='quick' if args.quick else 'full',

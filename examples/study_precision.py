@@ -21,14 +21,19 @@ rounding (``/sr``), for several seeds. A seed fixes the parameter init, the
 batch order and the rounding bits, so every configuration sees the same
 init and data as fp32 in the same seed, and the gap to fp32 is paired.
 
-Writes ``<results-dir>/precision.json`` (command, revision, date, machine,
-mode, one row per configuration and seed), ``precision.md`` (mean and
-spread per configuration, the paired gap to fp32 and the verdict against
-the targets) and ``precision.png`` (final loss against bits per state
-element), and refreshes the results block of ``docs/precision.md``::
+Writes ``<out>/precision.json`` (command, revision, date, machine, mode,
+one row per configuration and seed), ``precision.md`` (mean and spread per
+configuration, the paired gap to fp32 and the verdict against the targets)
+and ``precision.png`` (final loss against bits per state element); ``--out``
+is ``runs/study_precision/`` in the repository (git-ignored) unless given.
+With ``--doc PAGE`` it also refreshes the results block of that page. The
+published results are written only when asked for, into ``docs/results``
+and ``docs/precision.md``::
 
   python examples/study_precision.py --mode quick   # a few minutes
   python examples/study_precision.py --mode full    # under an hour, 2 cores
+  python examples/study_precision.py --mode quick \
+      --out docs/results --doc docs/precision.md    # the published table
 
 Targets: fp8 and int8_dynamic with stochastic rounding within the fp32 seed
 spread or at most +0.5 %; 4-bit with stochastic rounding at most +1 %.
@@ -296,7 +301,8 @@ def update_doc(doc, results_md, name=NAME):
 # ----------------------------------------------------------------------------
 
 
-def main(argv=None):
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(
       description=__doc__.split('\n')[0],
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -304,19 +310,23 @@ def main(argv=None):
   parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
   parser.add_argument('--configs', nargs='+', default=list(CONFIGS),
                       help="'fp32' first, then <mu>[+<nu>]/<rn|sr>")
-  parser.add_argument('--results-dir', default='docs/results')
+  parser.add_argument(
+      '--out', default=_common.default_out(__file__),
+      help='directory of the result files (docs/results for the published '
+      'ones)')
   parser.add_argument(
       '--name', default=NAME,
       help='stem of the result files and name of the doc block')
   parser.add_argument(
-      '--doc', default='docs/precision.md',
-      help="page whose results block is refreshed ('' for none)")
+      '--doc', default='',
+      help='page whose results block is refreshed, e.g. docs/precision.md '
+      "('' for none)")
   parser.add_argument('--note', default='',
                       help='a remark recorded with the results')
   parser.add_argument(
       '--render', action='store_true',
       help='only re-render the table, plot and doc from the JSON in '
-      '--results-dir (no training)')
+      '--out (no training)')
   parser.add_argument('--no-progress', action='store_true')
   parser.add_argument('--data', default=None,
                       help='train on this text file instead of the stdlib')
@@ -324,13 +334,18 @@ def main(argv=None):
   for flag in OVERRIDES:
     parser.add_argument('--' + flag.replace('_', '-'), type=int,
                         help="override the mode's value")
+  return parser
+
+
+def main(argv=None):
+  parser = make_parser()
   args = parser.parse_args(argv)
   overrides = {k: v for k in OVERRIDES if (v := getattr(args, k)) is not None}
   cfg = dataclasses.replace(MODES[args.mode], **overrides)
   if args.configs[0] != 'fp32':
     parser.error("the first config must be 'fp32' (the baseline)")
   opts = [_common.parse_config(c) for c in args.configs]
-  out = pathlib.Path(args.results_dir)
+  out = pathlib.Path(args.out)
   if args.render:
     result = json.loads((out / f'{args.name}.json').read_text())
     result['summary'] = summarize(result['rows'])

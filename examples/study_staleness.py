@@ -32,11 +32,14 @@ of 0.999, so that its 600 steps span six EMA time constants and several
 reset periods (``K*`` = 97 for fp8 and 72 for 4-bit at 0.99), as the
 paper's 10K-20K step runs do at 0.999. ``--mode paper`` keeps 0.999 (longer).
 
-Writes ``staleness.json`` and ``staleness.md`` to ``--out`` (default
-``docs/results``)::
+Writes ``<name>.json`` and ``<name>.md`` (``staleness`` unless ``--name``
+says otherwise) to ``--out``, by default ``runs/study_staleness/`` in the
+repository (git-ignored). The published results are written only when asked
+for, with ``--out docs/results``::
 
-  python examples/study_staleness.py                 # quick, ~30 min, 2 shared cores
-  python examples/study_staleness.py --mode paper    # b2 = 0.999, 3000 steps
+  python examples/study_staleness.py     # quick, ~30 min, 2 shared cores
+  python examples/study_staleness.py --mode paper   # b2 = 0.999, 3000 steps
+  python examples/study_staleness.py --out docs/results   # the published table
 """
 
 from __future__ import annotations
@@ -179,7 +182,8 @@ def summarize(rows):
   return out
 
 
-def main(argv=None):
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--mode', choices=sorted(MODES), default='quick')
   parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
@@ -209,7 +213,15 @@ def main(argv=None):
                       'taken from the first file)')
   parser.add_argument('--name', default='staleness',
                       help='output stem: <out>/<name>.json and .md')
-  parser.add_argument('--out', default=str(_common.ROOT / 'docs' / 'results'))
+  parser.add_argument(
+      '--out', default=_common.default_out(__file__),
+      help='output directory (default: runs/study_staleness; docs/results '
+      'for the published results)')
+  return parser
+
+
+def main(argv=None):
+  parser = make_parser()
   args = parser.parse_args(argv)
   if args.reset_every is not None and min(args.reset_every) < 1:
     parser.error('--reset-every must be positive integers')
@@ -225,7 +237,7 @@ def main(argv=None):
     cfg = dataclasses.replace(cfg, eps=args.eps)
   out_dir = pathlib.Path(args.out)
   out_dir.mkdir(parents=True, exist_ok=True)
-  meta = dict(command=_common.command_line(__file__),
+  meta = dict(command=_common.command_line(__file__, argv),
               git_revision=_common.git_revision(), date=_common.now_utc(),
               machine=_common.machine(), load_average=_common.load_average(),
               mode=args.mode, run_config=dataclasses.asdict(cfg),

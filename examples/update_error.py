@@ -25,10 +25,16 @@ with the float32 one, over every quantized leaf:
   the largest float32 update of its leaf (a blown-up coordinate).
 
 ``--no-floor`` stores second moments without the positive floor
-(:attr:`optax_q.Format.positive_floor`), as the library did before it::
+(:attr:`optax_q.Format.positive_floor`), as the library did before it.
 
-  python examples/update_error.py              # writes docs/results/update_error.{json,md}
-  python examples/update_error.py --no-floor --name update_error_no_floor
+Writes ``<name>.json`` and ``<name>.md`` (``update_error`` unless ``--name``
+says otherwise) to ``--out``, by default ``runs/update_error/`` in the
+repository (git-ignored). The published results are written only when asked
+for, with ``--out docs/results``::
+
+  python examples/update_error.py --out docs/results
+  python examples/update_error.py --no-floor --name update_error_no_floor \
+      --out docs/results
 """
 
 from __future__ import annotations
@@ -105,7 +111,8 @@ def measure(adam, cfg, *, floor: bool, block_size: int):
   return rows
 
 
-def main(argv=None):
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--steps', type=int, default=500,
                       help='float32 AdamW steps before the state is taken')
@@ -113,8 +120,15 @@ def main(argv=None):
   parser.add_argument('--no-floor', action='store_true',
                       help='second moments without the positive floor')
   parser.add_argument('--name', default='update_error')
-  parser.add_argument('--out', default=str(_common.ROOT / 'docs' / 'results'))
-  args = parser.parse_args(argv)
+  parser.add_argument(
+      '--out', default=_common.default_out(__file__),
+      help='output directory (default: runs/update_error; docs/results for '
+      'the published results)')
+  return parser
+
+
+def main(argv=None):
+  args = make_parser().parse_args(argv)
   cfg = dataclasses.replace(study_precision.MODES['full'], steps=args.steps,
                             eval_every=args.steps)
   corpus = _common.load_corpus(cfg)

@@ -291,9 +291,10 @@ class SpecialValuesTest(parameterized.TestCase):
     self.assertTrue(bool(jnp.all(jnp.isnan(out[0, :64]))))
     np.testing.assert_array_equal(out[0, 64:], 1.0)
     np.testing.assert_array_equal(out[1], 1.0)
-    x = jnp.ones((128,)).at[3].set(jnp.inf)
+    x = jnp.ones((128,)).at[3].set(jnp.inf).at[5].set(jnp.nan)
     out = optax_q.dequantize(optax_q.quantize(x, 'fp8_e4m3', block_size=64))
     self.assertTrue(bool(jnp.all(jnp.isnan(out[:64]))))
+    np.testing.assert_array_equal(out[64:], 1.0)
 
   def test_non_finite_unscaled(self):
     x = jnp.array([jnp.nan, jnp.inf, -jnp.inf, 1.0])

@@ -11,38 +11,50 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Smoke tests of the demo and the precision study, in a tiny setting.
+"""Smoke tests of the example scripts, in a tiny setting.
 
-Both entry points run in one process with the same tiny model, schedule and
-optimizers, so the compiled train steps are shared (the scripts cache their
-transforms and model); the whole module takes a few seconds of training
-plus two compilations.
+The demo and the precision study run in one process with the same tiny
+model, schedule and optimizers, so the compiled train steps are shared (the
+scripts cache their transforms and model); the whole module takes a few
+seconds of training plus two compilations. Every script writes only to its
+``--out`` folder, ``runs/<script>/`` by default: these tests give it a
+temporary one and check that nothing under ``docs/`` changes. Runs of the
+scripts that take longer than a few seconds are marked ``slow``.
 """
 
 import contextlib
 import io
 import json
 import pathlib
+import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
+import pytest
 
 import optax_q
 
-_EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / 'examples'
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_EXAMPLES = _ROOT / 'examples'
 sys.path.insert(0, str(_EXAMPLES))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import _common  # noqa: E402
+import bench_step  # noqa: E402
 import demo  # noqa: E402
 import profile_step  # noqa: E402
+import staleness_simulation  # noqa: E402
 import study_precision  # noqa: E402
 import study_staleness  # noqa: E402
 import update_error  # noqa: E402
 # pylint: enable=g-import-not-at-top,wrong-import-position
+
+SCRIPTS = (bench_step, demo, profile_step, staleness_simulation,
+           study_precision, study_staleness, update_error)
 
 # The same model and schedule for both scripts: compiled steps are shared.
 TINY = ['--d-model', '32', '--num-layers', '1', '--num-heads', '2',
@@ -59,6 +71,32 @@ def _quiet(fn, *args):
   return result, out.getvalue()
 
 
+def _docs_status():
+  """``git status`` of ``docs/``, untracked files included."""
+  try:
+    return subprocess.run(
+        ['git', 'status', '--porcelain', '--untracked-files=all', 'docs'],
+        cwd=_ROOT, capture_output=True, text=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError):
+    raise absltest.SkipTest('not a git checkout') from None
+
+
+class _DocsUnchanged(absltest.TestCase):
+  """Runs a script in a temporary ``--out`` and checks ``docs/`` after."""
+
+  def setUp(self):
+    super().setUp()
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    self.out = pathlib.Path(tmp.name)
+    self.docs_before = _docs_status()
+
+  def assert_wrote(self, *names):
+    self.assertEqual(_docs_status(), self.docs_before)
+    for name in names:
+      self.assertTrue((self.out / name).is_file(), name)
+
+
 class ExamplesTest(absltest.TestCase):
 
   @classmethod
@@ -66,6 +104,7 @@ class ExamplesTest(absltest.TestCase):
     super().setUpClass()
     cls.tmp = tempfile.TemporaryDirectory()
     cls.dir = pathlib.Path(cls.tmp.name)
+    cls.docs_before = _docs_status()
     # A small corpus: reading 8 MB is not what is being tested.
     small = ['--max-bytes', '200000']
     cls.demo, cls.demo_out = _quiet(demo.main, [
@@ -77,7 +116,7 @@ class ExamplesTest(absltest.TestCase):
     cls.doc = doc
     cls.study, cls.study_out = _quiet(study_precision.main, [
         '--mode', 'quick', '--seeds', '0', '1', '--configs', *CONFIGS,
-        '--results-dir', str(cls.dir / 'results'), '--doc', str(doc),
+        '--out', str(cls.dir / 'results'), '--doc', str(doc),
         '--no-progress', '--note', 'smoke test', *TINY, *small])
 
   @classmethod
@@ -134,6 +173,21 @@ class ExamplesTest(absltest.TestCase):
     self.assertNotIn('old', doc)
     self.assertIn('| `fp32` |', doc)
     self.assertTrue(doc.startswith('intro\n') and doc.endswith('outro\n'))
+
+  def test_study_render_refreshes_a_page_only_when_named(self):
+    out = self.dir / 'render'
+    out.mkdir()
+    (out / 'precision.json').write_text(
+        (self.dir / 'results' / 'precision.json').read_text())
+    doc = self.doc.read_text()
+    _quiet(study_precision.main, ['--render', '--out', str(out)])
+    self.assertEqual(self.doc.read_text(), doc)
+    self.assertEqual(_docs_status(), self.docs_before)
+    for name in ('precision.md', 'precision.png'):
+      self.assertTrue((out / name).is_file(), name)
+
+  def test_docs_unchanged(self):
+    self.assertEqual(_docs_status(), self.docs_before)
 
   def test_verdicts(self):
     rows = []
@@ -230,7 +284,8 @@ class ExamplesTest(absltest.TestCase):
         row('fp8/stochastic+resets', 0, 1.25, 1000),
         row('fp8/stochastic+resets', 1, 2.75, 1000)])
     out = self.dir / 'staleness'
-    _quiet(study_staleness.merge, [a, b], out, 'pooled')
+    _quiet(study_staleness.main,
+           ['--merge', a, b, '--name', 'pooled', '--out', str(out)])
     result = json.loads((out / 'pooled.json').read_text())
     summary = {s['config']: s for s in result['summary']}
     self.assertEqual(list(summary), ['fp32', 'fp8/stochastic+resets@320',
@@ -269,18 +324,81 @@ class ExamplesTest(absltest.TestCase):
     self.assertGreater(without['relative_error'], 100.0)
 
 
-class ProfileStepTest(absltest.TestCase):
+class DefaultOutTest(absltest.TestCase):
 
-  def test_quick_profile_prints_every_section(self):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-      profile_step.main(['--quick', '--formats', 'fp8_e4m3'])
-    text = out.getvalue()
+  def test_every_script_writes_under_runs_by_default(self):
+    for script in SCRIPTS:
+      name = pathlib.Path(script.__file__).stem
+      with self.subTest(name):
+        args = script.make_parser().parse_args([])
+        self.assertEqual(pathlib.Path(args.out).resolve(),
+                         _ROOT / 'runs' / name)
+
+  def test_no_page_is_refreshed_by_default(self):
+    self.assertFalse(study_precision.make_parser().parse_args([]).doc)
+
+
+class ProfileStepTest(_DocsUnchanged):
+
+  def test_quick_profile_prints_and_writes_every_section(self):
+    path, text = _quiet(profile_step.main, [
+        '--quick', '--formats', 'fp8_e4m3', '--out', str(self.out)])
     for title in ('1. Params only', '2. Codecs alone', '3. Tile size',
                   '4. Stall telemetry'):
       self.assertIn(title, text)
     self.assertIn('| fp8_e4m3, tile_size=2^18 |', text)
     self.assertIn('| optax_q fp8_e4m3 stochastic, track_stalls=True |', text)
+    self.assert_wrote('profile_step_quick.md')
+    self.assertEqual(pathlib.Path(path), self.out / 'profile_step_quick.md')
+    written = pathlib.Path(path).read_text()
+    self.assertIn('### 4. Stall telemetry', written)
+    self.assertIn(written, text)
+
+
+class BenchStepTest(_DocsUnchanged):
+
+  def test_quick_bench_writes_its_files(self):
+    result, _ = _quiet(bench_step.main, [
+        '--quick', '--no-peers', '--only', 'optax_q fp8_e4m3 nearest',
+        '--steps', '2', '--rounds', '1', '--warmup', '1',
+        '--out', str(self.out)])
+    self.assert_wrote('bench_step_quick.json', 'bench_step_quick.md')
+    self.assertEqual(
+        [r['config'] for r in result['rows']],
+        [bench_step.BASELINE, 'optax_q fp8_e4m3 nearest'])
+    written = json.loads((self.out / 'bench_step_quick.json').read_text())
+    self.assertEqual(written['mode'], 'quick')
+    self.assertIn('| optax_q fp8_e4m3 nearest |',
+                  (self.out / 'bench_step_quick.md').read_text())
+
+
+@pytest.mark.slow
+class SlowScriptsTest(_DocsUnchanged):
+  """Each about half a minute or more on two CPU cores."""
+
+  def test_staleness_simulation_writes_its_files(self):
+    _quiet(staleness_simulation.main, [
+        '--quick', '--dim', '256', '--steps', '20', '--extra-b2',
+        '--out', str(self.out)])
+    self.assert_wrote('staleness_sim.json', 'staleness_sim.md',
+                      'staleness_sim_tracking.png', 'staleness_sim_stalls.png')
+
+  def test_study_staleness_writes_its_files(self):
+    _quiet(study_staleness.main, [
+        '--steps', '2', '--seeds', '0', '--formats', 'fp8', '--variants',
+        'nearest', '--name', 'tiny', '--out', str(self.out)])
+    self.assert_wrote('tiny.json', 'tiny.md')
+    rows = json.loads((self.out / 'tiny.json').read_text())['rows']
+    self.assertEqual([r['config'] for r in rows], ['fp32', 'fp8/nearest'])
+
+  def test_update_error_writes_its_files(self):
+    # One format pair: measuring all of them takes minutes.
+    with mock.patch.object(update_error, 'PAIRS',
+                           (('fp8_e4m3', 'fp8_e4m3'),)):
+      rows, _ = _quiet(update_error.main,
+                       ['--steps', '2', '--out', str(self.out)])
+    self.assert_wrote('update_error.json', 'update_error.md')
+    self.assertLen(rows, 2)  # nearest, stochastic
 
 
 if __name__ == '__main__':

@@ -19,6 +19,7 @@ bias-corrects with local age 1, like a fresh Adam moment.
 """
 
 import functools
+import math
 import warnings
 
 from absl.testing import absltest
@@ -27,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import optax_q
 from optax_q._src import resets
@@ -369,6 +371,355 @@ class ArgumentTest(parameterized.TestCase):
     self.assertEqual(
         jax.tree.map(lambda x: (x.shape, x.dtype), abstract),
         jax.tree.map(lambda x: (x.shape, x.dtype), concrete))
+
+
+# Adam's per-coordinate bound |m_hat| / (sqrt(v_hat) + eps) <= C.
+def _adam_bound(b1=0.9, b2=0.999):
+  return (1 - b1) / (math.sqrt(1 - b2) * (1 - b1 / math.sqrt(b2)))
+
+
+def _soak_grads(step, shape):
+  """0.05 + N(0, 1), with 100x spikes and near-zero steps now and then."""
+  key = jax.random.fold_in(jax.random.key(42), step)
+  k_g, k_step, k_spike = jax.random.split(key, 3)
+  g = 0.05 + jax.random.normal(k_g, shape)
+  u = jax.random.uniform(k_step, ())
+  scale = jnp.where(u < 0.02, 100.0, jnp.where(u > 0.98, 1e-6, 1.0))
+  spikes = jnp.where(jax.random.uniform(k_spike, shape) < 1e-3, 100.0, 1.0)
+  return g * scale * spikes
+
+
+def _soak(tx, steps, shape):
+  """(largest |update| of each step, final state) over the soak gradients."""
+  params = {'w': jnp.zeros(shape)}
+
+  def body(state, k):
+    updates, state = tx.update({'w': _soak_grads(k, shape)}, state, params)
+    return state, jnp.max(jnp.abs(updates['w']))
+
+  run = jax.jit(lambda s: jax.lax.scan(body, s, jnp.arange(steps)))
+  state, peaks = run(tx.init(params))
+  return np.asarray(peaks), state
+
+
+_POLICIES = (
+    ('none', None),
+    ('int', 100),
+    ('auto', 'auto'),  # K* = 320 for fp8_e4m3 at b2 = 0.999.
+    ('adaptive', 'adaptive'),
+    ('nu_only', {'nu': 50}),
+    ('mu_nu', {'mu': 30, 'nu': 70}),
+)
+
+
+def _soak_cases():
+  for name, policy in _POLICIES:
+    for fmt in ('fp32', 'fp8_e4m3'):
+      if not (policy == 'auto' and fmt == 'fp32'):  # 'auto' needs a grid.
+        yield dict(testcase_name=f'{name}_{fmt}', policy=policy, fmt=fmt)
+
+
+class _SoakMixin:
+
+  def _check_soak(self, policy, fmt, steps, shape):
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore')  # Asymmetric and fp32 resets warn.
+      # The moment transform alone: lr = 1 only flips the sign, exactly.
+      tx = optax_q.adam(1.0, mu_format=fmt, nu_format=fmt, min_size=0,
+                        reset_every=policy)
+    peaks, state = _soak(tx, steps, shape)
+    bound = _adam_bound()
+    worst = int(np.argmax(peaks))
+    self.assertLessEqual(
+        peaks[worst], bound * (1 + 1e-5),
+        f'step {worst}: |update| {peaks[worst]:.4g} > C = {bound:.4g}')
+    if policy is not None and not (policy == 'adaptive' and fmt == 'fp32'):
+      # Not vacuous: the policy did reset (fp32 moments never stall).
+      self.assertGreater(sum(map(int, state[0].resets.values())), 0)
+    return peaks, state
+
+
+class UpdateBoundTest(_SoakMixin, parameterized.TestCase):
+  """Every reset policy keeps Adam's bound on the moment transform's output.
+
+  Regression: resetting ``nu`` alone (``{'nu': K}``, or ``'adaptive'``,
+  which reset ``nu`` 22 times and ``mu`` twice) divided an old momentum by
+  a one-step ``v_hat`` and gave updates of 1e3 to 1e8 (times the learning
+  rate) on these gradients.
+  """
+
+  @parameterized.named_parameters(*_soak_cases())
+  def test_soak_bound(self, policy, fmt):
+    self._check_soak(policy, fmt, steps=400, shape=(4, 128))
+
+  def test_bound_binds_only_after_asymmetric_resets(self):
+    # The fresh-Adam policies stay far inside C; nu-only resets reach it.
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore')
+      tx = optax_q.adam(1.0, mu_format='fp32', nu_format='fp32', min_size=0,
+                        reset_every={'nu': 50})
+    peaks, _ = _soak(tx, 400, (4, 128))
+    np.testing.assert_allclose(peaks.max(), _adam_bound(), rtol=1e-5)
+
+  def test_no_reset_updates_are_optax_adam_bit_for_bit(self):
+    # The clip never binds without resets, even on spiky gradients.
+    for nesterov in (False, True):
+      got, _ = _soak(optax_q.scale_by_adam_local_age(nesterov=nesterov), 300,
+                     (4, 128))
+      want, _ = _soak(optax.scale_by_adam(nesterov=nesterov), 300, (4, 128))
+      np.testing.assert_array_equal(got, want)
+
+  def test_nesterov_bound(self):
+    b1, b2 = 0.9, 0.999
+    tx = optax_q.reset_state(
+        optax_q.scale_by_adam_local_age(b1, b2, nesterov=True), {'nu': 50})
+    peaks, _ = _soak(tx, 400, (4, 128))
+    bound = b1 * _adam_bound(b1, b2) + 1 / math.sqrt(1 - b2)
+    self.assertLessEqual(peaks.max(), bound * (1 + 1e-5))
+
+  def test_injected_hyperparameters_bound(self):
+    # b1 and b2 traced by inject_hyperparams: the bound is computed in f32.
+    tx = optax_q.reset_state(
+        optax.inject_hyperparams(optax_q.scale_by_adam_local_age)(
+            b1=0.9, b2=0.999), {'nu': 50},
+        counters={'nu': 'count_nu'})
+    peaks, _ = _soak(tx, 200, (4, 128))
+    self.assertLessEqual(peaks.max(), _adam_bound() * (1 + 1e-5))
+    self.assertGreater(peaks.max(), _adam_bound() * (1 - 1e-5))
+
+  def test_no_finite_bound_no_clip(self):
+    # b1 >= sqrt(b2): Adam has no finite bound, and nothing is clipped.
+    self.assertEqual(resets._update_bound(0.9, 0.8, False), math.inf)
+    self.assertEqual(resets._update_bound(0.0, 0.0, True), math.inf)
+    got, _ = _soak(optax_q.scale_by_adam_local_age(0.9, 0.8), 50, (2, 16))
+    want, _ = _soak(optax.scale_by_adam(0.9, 0.8), 50, (2, 16))
+    np.testing.assert_array_equal(got, want)
+
+  def test_adaptive_resets_both_moments_together(self):
+    # Regression: 'adaptive' reset nu 22 times and mu twice in 5000 steps.
+    tx = _adamw(mu_format='fp8_e4m3', nu_format='fp8_e4m3',
+                reset_every='adaptive')
+    _, state = _soak(tx, 400, (4, 128))
+    rs = state[0]
+    self.assertGreater(int(rs.resets['nu']), 0)
+    self.assertEqual(int(rs.resets['mu']), int(rs.resets['nu']))
+    self.assertEqual(int(rs.ages['mu']), int(rs.ages['nu']))
+    inner = rs.inner_state.inner_state
+    self.assertEqual(int(inner.count_mu), int(inner.count_nu))
+
+  def test_same_policy_dict_resets_together(self):
+    with warnings.catch_warnings(record=True) as w:
+      warnings.simplefilter('always')
+      _adamw(mu_format='fp8_e4m3', nu_format='fp8_e4m3',
+             reset_every={'mu': 'adaptive', 'nu': 'adaptive'})
+      _adamw(mu_format='fp8_e4m3', nu_format='fp8_e4m3', reset_every=300)
+    self.assertFalse([x for x in w if 'without mu' in str(x.message)])
+    with self.assertWarnsRegex(UserWarning, r"without mu.*C = 31\.8"):
+      _adamw(mu_format='fp8_e4m3', nu_format='fp8_e4m3', eps=1e-6,
+             reset_every={'mu': 30, 'nu': 70})
+
+
+@pytest.mark.slow
+class LongSoakTest(_SoakMixin, parameterized.TestCase):
+  """The soak at the size of the report: 5000 steps on a (64, 256) leaf."""
+
+  @parameterized.named_parameters(*_soak_cases())
+  def test_long_soak_bound(self, policy, fmt):
+    self._check_soak(policy, fmt, steps=5000, shape=(64, 256))
+
+
+class GroupsTest(parameterized.TestCase):
+
+  def test_group_resets_when_either_fires(self):
+    tx = optax_q.reset_state(optax_q.scale_by_adam_local_age(),
+                             {'mu': 3, 'nu': 5}, groups=(('mu', 'nu'),))
+    _, state = _run(optax.chain(tx, optax.scale(-1e-2)), _params(), 3)
+    rs = state[0]
+    self.assertEqual({f: int(n) for f, n in rs.resets.items()},
+                     {'mu': 1, 'nu': 1})
+    self.assertEqual(int(rs.inner_state.count_nu), 0)
+    for x in jax.tree.leaves((rs.inner_state.mu, rs.inner_state.nu)):
+      np.testing.assert_array_equal(x, 0.0)
+
+  def test_without_groups_fields_are_independent(self):
+    tx = optax_q.reset_state(optax_q.scale_by_adam_local_age(),
+                             {'mu': 3, 'nu': 5})
+    _, state = _run(optax.chain(tx, optax.scale(-1e-2)), _params(), 3)
+    self.assertEqual(int(state[0].resets['nu']), 0)
+    self.assertEqual(int(state[0].inner_state.count_nu), 3)
+
+  @parameterized.parameters(
+      ((('mu', 'trace'),), 'not reset'),
+      (('mu', 'nu'), 'sequence of tuples'),
+      ('mu', 'sequence of tuples'),
+      (None, 'sequence of tuples'),
+      ((('mu', 'nu'), ('nu',)), 'more than one group'),
+      (((1, 2),), 'sequence of tuples'),
+  )
+  def test_bad_groups(self, groups, msg):
+    with self.assertRaisesRegex(ValueError, f'groups.*{msg}'):
+      optax_q.reset_state(optax_q.scale_by_adam_local_age(), 3, groups=groups)
+
+  def test_group_needs_reset_fields(self):
+    with self.assertRaisesRegex(ValueError, r"groups names field.*\['mu'\]"):
+      optax_q.reset_state(optax_q.scale_by_adam_local_age(), {'nu': 3},
+                          groups=(('mu', 'nu'),))
+
+
+class StoredFormatTest(parameterized.TestCase):
+
+  @parameterized.parameters('fp4_e2m1', 'fp4_e2m2u', 'fp4')
+  def test_auto_period_of_the_stored_format(self, nu):
+    # fp4_e2m1 second moments are stored in fp4_e2m2u (unsigned_variant):
+    # K* must come from that grid, whatever the spelling (was 156 vs 224).
+    self.assertEqual(resets.resolve_reset_every('auto', nu, 0.999),
+                     {'mu': 224, 'nu': 224})
+    self.assertEqual(
+        resets.resolve_reset_every('auto', optax_q.get_format(nu), 0.999),
+        {'mu': 224, 'nu': 224})
+
+  @parameterized.parameters('fp4_e2m1', 'fp4_e2m2u')
+  def test_drop_in_resets_at_the_stored_formats_period(self, nu):
+    tx = _adamw(mu_format='fp4_e2m1', nu_format=nu, reset_every='auto')
+    _, state = _soak(tx, 223, (2, 128))
+    self.assertEqual(int(state[0].resets['nu']), 0)
+    self.assertEqual(int(state[0].ages['nu']), 223)
+    state = jax.jit(tx.update)({'w': jnp.ones((2, 128))}, state,
+                               {'w': jnp.zeros((2, 128))})[1]
+    self.assertEqual(int(state[0].resets['nu']), 1)
+
+
+class ArgumentErrorsTest(parameterized.TestCase):
+  """Errors at construction that name the argument and the allowed values."""
+
+  def _state(self):
+    tx = optax.scale_by_adam()
+    params = {'w': jnp.ones(3)}
+    return tx.update(params, tx.init(params))[1]
+
+  @parameterized.parameters(3, None, 1.5, (('count_nu', 3),))
+  def test_counters_value(self, value):
+    with self.assertRaisesRegex(
+        ValueError, r"counters\['nu'\] must be an integer state field name"):
+      optax_q.reset_state(optax_q.scale_by_adam_local_age(), 3,
+                          counters={'nu': value})
+
+  def test_counters_container_and_keys(self):
+    inner = optax_q.scale_by_adam_local_age()
+    with self.assertRaisesRegex(ValueError, 'counters must be a dict'):
+      optax_q.reset_state(inner, 3, counters=['count_nu'])
+    with self.assertRaisesRegex(ValueError, 'counters keys must be'):
+      optax_q.reset_state(inner, 3, counters={1: 'count_nu'})
+    # A misspelt key used to leave nu's age running after its resets.
+    with self.assertRaisesRegex(
+        ValueError, r"counters names field\(s\) \['nuu'\].*\['mu', 'nu'\]"):
+      optax_q.reset_state(inner, 3, counters={'nuu': 'count_nu'})
+
+  def test_auto_with_b2_zero_names_b2(self):
+    with self.assertRaisesRegex(ValueError, r'b2.*\(0, 1\).*b2=0\.0') as cm:
+      optax_q.adamw(1e-3, b2=0.0, reset_every='auto', nu_format='fp8_e4m3')
+    self.assertNotIn('nu_format', str(cm.exception))
+
+  def test_adaptive_with_b2_zero_names_b2(self):
+    with self.assertRaisesRegex(ValueError, r"'adaptive'.*b2 must lie"):
+      optax_q.adamw(1e-3, b2=0.0, reset_every='adaptive',
+                    nu_format='fp8_e4m3')
+
+  def test_periodic_resets_accept_b2_zero(self):
+    # b2 = 0 is valid Adam; periodic resets do not read any decay.
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore')
+      tx = optax_q.adamw(1e-3, b2=0.0, reset_every=5, nu_format='fp8_e4m3')
+    _run(tx, _params(), 1)
+
+  def test_auto_names_the_users_format(self):
+    with self.assertRaisesRegex(
+        ValueError, r"nu_format='int8_dynamic' \(stored as "
+        r'int8_dynamic_unsigned\)'):
+      resets.resolve_reset_every('auto', 'int8_dynamic', 0.999)
+
+  @parameterized.parameters('nu', 'mu')
+  def test_reset_where_bare_string(self, fields):
+    with self.assertRaisesRegex(ValueError, 'fields must be a sequence.*'
+                                'got the string'):
+      optax_q.reset_where(self._state(), True, fields=fields)
+
+  def test_reset_where_unknown_field(self):
+    with self.assertRaisesRegex(
+        ValueError, r"\['nuu'\].*fields are \['count', 'mu', 'nu'\]"):
+      optax_q.reset_where(self._state(), True, fields=('nuu',))
+
+  @parameterized.parameters(1, 'yes', None, (np.ones(2, bool),), 0.0)
+  def test_reset_where_bad_flag(self, flag):
+    with self.assertRaisesRegex(ValueError, 'where must be a boolean scalar'):
+      optax_q.reset_where(self._state(), flag)
+    with self.assertRaisesRegex(ValueError, r"where\['nu'\] must be a bool"):
+      optax_q.reset_where(self._state(), {'nu': flag})
+
+  def test_reset_where_numpy_and_traced_flags(self):
+    state = self._state()
+    out = optax_q.reset_where(state, np.bool_(True), fields=('nu',))
+    np.testing.assert_array_equal(out.nu['w'], 0.0)
+    out = jax.jit(lambda s, f: optax_q.reset_where(s, f, ('mu',)))(
+        state, jnp.asarray(True))
+    np.testing.assert_array_equal(out.mu['w'], 0.0)
+
+  @parameterized.parameters(2**31, np.int64(2**40), 10**30, -1, 0, 2.0,
+                            float('nan'), float('inf'), True)
+  def test_bad_period_values(self, value):
+    with self.assertRaisesRegex(ValueError,
+                                r'every must be None, an int in \[1, 2\*\*31'):
+      optax_q.reset_state(optax_q.scale_by_adam_local_age(), value)
+    with self.assertRaisesRegex(ValueError, 'reset_every'):
+      resets.resolve_reset_every(value, 'fp8_e4m3', 0.999)
+
+  @parameterized.parameters(
+      ('decay', float('nan')), ('decay', 1.0), ('decay', '0.9'),
+      ('decay', np.float32(-0.5)), ('s0', float('inf')), ('s0', None),
+      ('p_ss', float('nan')), ('p_ss', 0.0), ('p_ss', np.float64(1.5)),
+      ('p_ss', True),
+  )
+  def test_bad_adaptive_numbers(self, name, value):
+    with self.assertRaisesRegex(ValueError, f'{name} must'):
+      optax_q.reset_state(optax_q.scale_by_adam_local_age(), 'adaptive',
+                          **{name: value})
+
+  @parameterized.parameters(
+      ('b1', float('nan')), ('b1', 1.0), ('b2', -0.1), ('b2', '0.999'),
+      ('eps', -1e-8), ('eps', float('inf')), ('eps_root', float('nan')),
+      ('nesterov', 'yes'),
+  )
+  def test_bad_local_age_adam_arguments(self, name, value):
+    with self.assertRaisesRegex(ValueError, f'{name} must'):
+      optax_q.scale_by_adam_local_age(**{name: value})
+
+  def test_inner_must_be_a_transformation(self):
+    with self.assertRaisesRegex(ValueError, 'inner must be an Optax'):
+      optax_q.reset_state(lambda g: g, 3)
+
+  def test_fields_must_be_names(self):
+    inner = optax_q.scale_by_adam_local_age()
+    for fields in ('nu', 3, [1, 2], None):
+      with self.assertRaisesRegex(ValueError, 'fields must be a sequence'):
+        optax_q.reset_state(inner, 3, fields=fields)
+
+  def test_numpy_scalars_are_accepted(self):
+    inner = optax_q.scale_by_adam_local_age(
+        np.float32(0.9), np.float64(0.999), np.float32(1e-8), np.float64(0))
+    tx = optax_q.reset_state(inner, {'mu': np.int64(3), 'nu': 'adaptive'},
+                             decay=np.float32(0.99), s0=np.float64(0.6),
+                             p_ss=np.float32(1.0))
+    _, state = _run(optax.chain(tx, optax.scale(-1e-2)), _params(), 3)
+    self.assertEqual(int(state[0].resets['mu']), 1)
+    self.assertEqual(
+        resets.resolve_reset_every(np.int32(7), 'fp8_e4m3', 0.999),
+        {'mu': 7, 'nu': 7})
+    self.assertEqual(
+        resets.resolve_reset_every('auto', 'fp8_e4m3', np.float64(0.999)),
+        {'mu': 320, 'nu': 320})
+    self.assertEqual(
+        resets.resolve_reset_every('auto', 'fp8_e4m3', np.array(0.999)),
+        {'mu': 320, 'nu': 320})
 
 
 if __name__ == '__main__':

@@ -520,6 +520,76 @@ class ArgumentErrorsTest(parameterized.TestCase):
       theory.transient_stall_probability('bf16', 3, p_init=p_init)
 
 
+class LimitsAndNumpyTest(parameterized.TestCase):
+  """Huge, non-finite and NumPy arguments: a clear error or the same value."""
+
+  def test_huge_period_is_rejected_not_allocated(self):
+    # Regression: cycle_staleness('bf16', 10**9) allocated until killed.
+    for period in (10**9, 10**30, 1e300):
+      with self.assertRaisesRegex(
+          ValueError, r'period must be an integer in \[1, 10\*\*8\]'):
+        theory.cycle_staleness('bf16', period)
+    with self.assertRaisesRegex(
+        ValueError, r'max_period must be an integer in \[1, 10\*\*8\]'):
+      theory.reset_period('bf16', max_period=10**9)
+
+  def test_large_periods_in_constant_memory(self):
+    # The terms become constant once b2**j underflows against 1; the sum up
+    # to there is chunked, the rest is one product.
+    k = 100_000  # More than one chunk, and past the flat point at b2=0.999.
+    j = np.arange(1, k + 1)
+    for fmt, b2 in (('bf16', 0.999), ('fp8_e4m3', 0.9), ('fp16', 0.99999)):
+      direct = np.mean(theory._normalized_excess(
+          theory.effective_precision_ratio(fmt, b2), b2, 0.6, j, False))
+      self.assertAlmostEqual(theory.cycle_staleness(fmt, k, b2), direct,
+                             places=12)
+    s = theory.cycle_staleness('bf16', 10**8)
+    self.assertGreater(s, theory.cycle_staleness('bf16', 10**6))
+    self.assertLessEqual(s, 1.0)
+
+  @parameterized.parameters(10**30, 2**60, float('inf'), float('nan'),
+                            1e300, -(2**70), ([1, 2**70],), ([1, None],),
+                            np.bool_(True), 1 + 2j)
+  def test_bad_step_counts(self, value):
+    with self.assertRaisesRegex(ValueError, 'age must be an integer'):
+      theory.statistical_error(value)
+    with self.assertRaisesRegex(ValueError, 'j must be an integer'):
+      theory.transient_stall_probability('bf16', value)
+
+  @parameterized.parameters(24, 10**6, np.int64(-1))
+  def test_mantissa_bits_out_of_range(self, mbits):
+    with self.assertRaisesRegex(ValueError, r'mantissa_bits.*\[0, 23\]'):
+      theory.reset_period(_Fmt('custom', mbits))
+
+  @parameterized.parameters((np.array([0.999]),), (np.array([[0.999]]),))
+  def test_b2_arrays_are_not_scalars(self, b2):
+    with self.assertRaisesRegex(ValueError, r'b2 must be a real number'):
+      theory.reset_period('bf16', b2)
+    with self.assertRaisesRegex(ValueError, r'p_init must be a real number'):
+      theory.startup_window('bf16', 0.999, 0.5, p_init=b2 * 0.1)
+
+  def test_numpy_scalars_match_python_numbers(self):
+    b2 = float(np.float32(0.999))
+    for np_b2 in (np.float32(0.999), np.array(np.float32(0.999))):
+      self.assertEqual(theory.reset_period('fp8_e4m3', np_b2),
+                       theory.reset_period('fp8_e4m3', b2))
+      self.assertEqual(theory.stall_probability('bf16', np_b2),
+                       theory.stall_probability('bf16', b2))
+    self.assertEqual(
+        theory.startup_window('bf16', np.float64(0.999), np.float32(0.8),
+                              p_init=np.float64(0.17)), 464)
+    self.assertEqual(theory.cycle_staleness('bf16', np.int64(1116),
+                                            s0=np.float64(0.6)),
+                     theory.cycle_staleness('bf16', 1116))
+    self.assertEqual(theory.reset_period('bf16', max_period=np.int32(2000)),
+                     1116)
+    self.assertEqual(theory.statistical_error(np.uint16(1000)),
+                     theory.statistical_error(1000))
+    self.assertEqual(theory.transient_stall_probability('bf16', np.int8(100)),
+                     theory.transient_stall_probability('bf16', 100))
+    self.assertEqual(theory.format_epsilon(_Fmt('x', np.uint8(3))), 0.125)
+
+
 class DocstringExamplesTest(absltest.TestCase):
 
   def test_docstring_examples(self):

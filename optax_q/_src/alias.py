@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import optax
 
 from optax_q._src import formats as formats_lib
@@ -32,26 +31,20 @@ ScalarOrSchedule = optax.ScalarOrSchedule
 
 
 def _check_decay(value: Any, name: str) -> Any:
-  if isinstance(value, jax.Array):
-    return value  # traced or injected (optax.inject_hyperparams): unchecked
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    raise ValueError(f'{name} must be a float in [0, 1), got {value!r}.')
-  if not 0.0 <= value < 1.0:
-    raise ValueError(f'{name} must be in [0, 1), got {value!r}.')
-  return float(value)
+  """A decay rate in [0, 1): a Python or NumPy number, or a jax.Array."""
+  return formats_lib.check_number(value, name, high=1.0)
 
 
-def _check_nonnegative(value: Any, name: str) -> None:
-  if callable(value) or not isinstance(value, (int, float)):
-    return  # schedules and traced hyperparameters are checked by the user
-  if isinstance(value, bool) or not value >= 0:
-    raise ValueError(f'{name} must be >= 0, got {value!r}.')
+def _check_nonnegative(value: Any, name: str, *,
+                       schedule: bool = False) -> Any:
+  """A finite number >= 0 (or a schedule, where Optax takes one)."""
+  return formats_lib.check_number(value, name, schedule=schedule)
 
 
 def _moment_formats(field_formats: dict[str, Any]) -> dict[str, Any]:
   out = {}
   for argname, (field, fmt) in field_formats.items():
-    fmt = formats_lib.get_format(fmt) if fmt is not None else None
+    fmt = formats_lib.check_format(fmt, argname) if fmt is not None else None
     if fmt is not None and not fmt.signed and field != 'nu':
       raise ValueError(
           f'{argname}={fmt.name!r} is unsigned (no negative values); '
@@ -105,7 +98,7 @@ def adamw(
     b2: Second-moment decay, in [0, 1).
     eps: Added to the denominator, >= 0.
     eps_root: Added inside the square root, >= 0.
-    weight_decay: Decoupled weight decay, >= 0.
+    weight_decay: Decoupled weight decay, >= 0, or an Optax schedule.
     mask: As in ``optax.adamw``.
     mu_format: Format of the first moment (see :func:`get_format`);
       ``'fp32'`` keeps it in float32.
@@ -113,8 +106,9 @@ def adamw(
       unsigned variant, and unsigned formats such as ``'fp4_e2m2u'`` are
       allowed here.
     rounding: ``'nearest'`` or ``'stochastic'``.
-    block_size: Elements per scale along the last axis.
-    seed: Seed of the stochastic rounding.
+    block_size: Elements per scale along the last axis, an even int in
+      ``[2, 2**20]``.
+    seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``.
     min_size: Leaves with fewer elements keep float32 state.
     reset_every: ``None`` (no resets), a positive int period for both
       moments, ``'auto'`` (the stall model's ``K*`` for ``nu_format`` and
@@ -151,7 +145,8 @@ def adamw(
     in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
     State Resets <https://arxiv.org/abs/2603.16731>`_, 2026
   """
-  _check_nonnegative(weight_decay, 'weight_decay')
+  weight_decay = _check_nonnegative(weight_decay, 'weight_decay',
+                                    schedule=True)
   return optax.chain(
       _adam_moments(
           learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
@@ -169,9 +164,10 @@ def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
   """Checks Adam's arguments; the (quantized, maybe resetting) moments."""
   b1 = _check_decay(b1, 'b1')
   b2 = _check_decay(b2, 'b2')
-  _check_nonnegative(learning_rate, 'learning_rate')
-  _check_nonnegative(eps, 'eps')
-  _check_nonnegative(eps_root, 'eps_root')
+  _check_nonnegative(learning_rate, 'learning_rate', schedule=True)
+  eps = _check_nonnegative(eps, 'eps')
+  eps_root = _check_nonnegative(eps_root, 'eps_root')
+  nesterov = formats_lib.check_bool(nesterov, 'nesterov')
   formats = _moment_formats(
       {'mu_format': ('mu', mu_format), 'nu_format': ('nu', nu_format)})
   common = dict(rounding=rounding, block_size=block_size, seed=seed,
@@ -241,8 +237,9 @@ def lion(
   """
   b1 = _check_decay(b1, 'b1')
   b2 = _check_decay(b2, 'b2')
-  _check_nonnegative(learning_rate, 'learning_rate')
-  _check_nonnegative(weight_decay, 'weight_decay')
+  _check_nonnegative(learning_rate, 'learning_rate', schedule=True)
+  weight_decay = _check_nonnegative(weight_decay, 'weight_decay',
+                                    schedule=True)
   formats = _moment_formats({'mu_format': ('mu', mu_format)})
   return optax.chain(
       _wrap(optax.scale_by_lion(b1=b1, b2=b2), formats, rounding=rounding,
@@ -273,10 +270,15 @@ def sgd(
     Sutskever et al, `On the importance of initialization and momentum in
     deep learning <http://proceedings.mlr.press/v28/sutskever13.html>`_, 2013
   """
-  _check_nonnegative(learning_rate, 'learning_rate')
+  _check_nonnegative(learning_rate, 'learning_rate', schedule=True)
   if momentum is not None:
     momentum = _check_decay(momentum, 'momentum')
+  nesterov = formats_lib.check_bool(nesterov, 'nesterov')
   formats = _moment_formats({'mu_format': ('trace', mu_format)})
+  if momentum is None:  # No state to store, but the arguments still count.
+    transform.check_storage_args(rounding=rounding, block_size=block_size,
+                                 seed=seed, min_size=min_size)
+    formats_lib.check_bool(track_stalls, 'track_stalls')
   moments = (optax.identity() if momentum is None else _wrap(
       optax.trace(decay=momentum, nesterov=nesterov), formats,
       rounding=rounding, block_size=block_size, seed=seed, min_size=min_size,

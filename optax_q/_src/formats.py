@@ -33,14 +33,23 @@ state really takes half a byte per element plus its scales.
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import functools
+import math
 import re
+import reprlib
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 ROUNDING_MODES = ('nearest', 'stochastic')
 SCALE_MODES = ('none', 'tensor', 'row', 'block')
+# Stochastic-rounding seeds, steps and streams are hashed as uint32.
+UINT32_MAX = 2**32 - 1
+# A larger block pads every row to it: 2**40 would allocate terabytes.
+MAX_BLOCK_SIZE = 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,37 +160,73 @@ def _ieee_float(name, ebits, mbits, storage, max_value) -> Format:
   )
 
 
+def _fma32(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
+  """``a * b + c`` rounded once to float32 (a fused multiply-add)."""
+  exact = fractions.Fraction(float(a)) * fractions.Fraction(float(b)) + (
+      fractions.Fraction(float(c)))
+  x = np.float32(float(exact))  # Within one float32 step of the exact value.
+  candidates = (np.nextafter(x, np.float32(-np.inf)), x,
+                np.nextafter(x, np.float32(np.inf)))
+  # Nearest, ties to the even bit pattern.
+  return min(candidates, key=lambda v: (
+      abs(fractions.Fraction(float(v)) - exact),
+      int(np.asarray(v, np.float32).view(np.uint32)) & 1))
+
+
+def _linspace32(start: float, end: float, steps: int) -> np.ndarray:
+  """``torch.linspace(start, end, steps)`` in float32, value for value.
+
+  The first half counts up from ``start``, the second half down from
+  ``end``, each point one fused multiply-add of the float32 step.
+  """
+  start, end = np.float32(start), np.float32(end)
+  step = (end - start) / np.float32(steps - 1)
+  half = steps // 2
+  return np.array(
+      [_fma32(step, np.float32(i), start) if i < half
+       else _fma32(-step, np.float32(steps - 1 - i), end)
+       for i in range(steps)], np.float32)
+
+
 def dynamic_map(*, signed: bool, total_bits: int = 8,
                 max_exponent_bits: int = 7) -> tuple[float, ...]:
   """The dynamic (tree) quantization map of 8-bit optimizers.
 
-  A sign bit (signed maps only), a run of zero bits giving a base-10
-  exponent, an indicator bit, then a linear fraction in [0.1, 1] at bin
-  midpoints. Values are normalised to [-1, 1] (signed) or [0, 1].
+  The map of bitsandbytes' ``create_dynamic_map``, value for value in
+  float32: for each decade ``10**(i - max_exponent_bits + 1)``,
+  ``i = 0 .. max_exponent_bits - 1``, the midpoints of a float32 linspace
+  of [0.1, 1] with ``2**i`` bins (signed, both signs) or ``2**(i + 1)``
+  bins (unsigned: the sign bit becomes one more fraction bit), then 0 and
+  1. Both maps have 256 distinct values in [-1, 1] (signed; the most
+  negative is -0.99297) or [0, 1] (unsigned; the smallest positive is
+  3.25e-7).
 
   References:
     Dettmers et al, `8-bit Optimizers via Block-wise Quantization
     <https://arxiv.org/abs/2110.02861>`_, 2022
   """
-  non_sign_bits = total_bits - (1 if signed else 0)
+  # bitsandbytes counts the sign bit out in both cases (its unsigned map
+  # spends it on a doubled fraction instead).
+  non_sign_bits = total_bits - 1
+  extra = 2 ** (non_sign_bits - max_exponent_bits) - 1
+  if extra:
+    raise ValueError(
+        'dynamic_map supports total_bits - 1 == max_exponent_bits, got '
+        f'total_bits={total_bits}, max_exponent_bits={max_exponent_bits}.')
   levels = []
   for i in range(max_exponent_bits):
-    n = 2 ** (i + non_sign_bits - max_exponent_bits) if signed else 2 ** (
-        i + non_sign_bits - max_exponent_bits + 1)
-    n = int(n)
-    bounds = np.linspace(0.1, 1.0, n + 1)
-    mids = (bounds[:-1] + bounds[1:]) / 2
-    scale = 10.0 ** (i - (max_exponent_bits - 1))
+    bins = 2 ** (i + non_sign_bits - max_exponent_bits + (0 if signed else 1))
+    bounds = _linspace32(0.1, 1.0, bins + 1)
+    mids = (bounds[:-1] + bounds[1:]) / np.float32(2.0)
+    scale = np.float32(10.0 ** (i - (max_exponent_bits - 1)))
     levels.extend((scale * mids).tolist())
     if signed:
       levels.extend((-scale * mids).tolist())
   levels.extend([0.0, 1.0])
-  values = np.array(sorted(levels), dtype=np.float32)
-  size = 2**total_bits
-  if values.size < size:  # The unsigned map leaves codes unused at the top.
-    values = np.concatenate(
-        [values, np.full(size - values.size, values[-1], np.float32)])
-  return tuple(float(v) for v in values[:size])
+  values = np.sort(np.array(levels, np.float32))
+  if values.size != 2**total_bits:
+    raise AssertionError(f'{values.size} != {2**total_bits} map values')
+  return tuple(float(v) for v in values)
 
 
 def _codebook(name, table, *, bits, signed) -> Format:
@@ -301,20 +346,26 @@ def get_format(fmt: str | Format) -> Format:
     The format.
 
   Raises:
-    ValueError: for an unknown name, naming the allowed values.
+    ValueError: for an unknown name or a value that is neither a string nor
+      a :class:`Format`, naming the allowed values.
 
   Examples:
     >>> import optax_q
     >>> optax_q.get_format('fp8_e4m3').max_value
     448.0
   """
+  return check_format(fmt, 'fmt')
+
+
+def check_format(fmt: Any, name: str) -> Format:
+  """:func:`get_format`, with errors that name the argument ``name``."""
   if isinstance(fmt, Format):
     return fmt
   if not isinstance(fmt, str):
     raise ValueError(
-        f'A format must be a string or optax_q.Format, got {fmt!r}. Allowed: '
-        f'{", ".join(FORMAT_NAMES)}. (Under optax.inject_hyperparams, list '
-        'format arguments in static_args.)')
+        f'{name}={_short(fmt)}: a format must be a string or optax_q.Format. '
+        f'Allowed: {", ".join(FORMAT_NAMES)}. (Under '
+        'optax.inject_hyperparams, list format arguments in static_args.)')
   key = fmt.strip().lower()
   aliases = {'float32': 'fp32', 'bfloat16': 'bf16', 'float16': 'fp16',
              'e4m3': 'fp8_e4m3', 'e5m2': 'fp8_e5m2', 'fp8': 'fp8_e4m3',
@@ -338,11 +389,11 @@ def get_format(fmt: str | Format) -> Format:
     if 1 <= ebits <= 8 and 0 <= mbits <= 23:
       return _simulated(ebits, mbits)
   raise ValueError(
-      f'Unknown format {fmt!r}. Allowed: {", ".join(FORMAT_NAMES)} '
+      f'Unknown format {name}={fmt!r}. Allowed: {", ".join(FORMAT_NAMES)} '
       '(simulated e{E}m{M} with 1 <= E <= 8, 0 <= M <= 23).')
 
 
-def unsigned_variant(fmt: Format) -> Format:
+def unsigned_variant(fmt: str | Format) -> Format:
   """The variant of ``fmt`` used for non-negative states (second moments).
 
   ``int8_dynamic`` becomes the unsigned dynamic map (its sign bit becomes an
@@ -357,10 +408,22 @@ def unsigned_variant(fmt: Format) -> Format:
   stored as the smallest positive grid value instead of zero. ``fp32`` is
   returned as is.
 
+  Args:
+    fmt: A format name or :class:`Format` (see :func:`get_format`).
+
+  Returns:
+    The format to store non-negative values in.
+
+  Examples:
+    >>> import optax_q
+    >>> optax_q.unsigned_variant('int4').name
+    'int4_unsigned'
+
   References:
     Li et al, `Memory Efficient Optimizers with 4-bit States
     <https://arxiv.org/abs/2309.01507>`_, 2023
   """
+  fmt = check_format(fmt, 'fmt')
   if fmt.name == 'int8_dynamic':
     fmt = _int8_dynamic(False)
   elif fmt.name == 'int4':
@@ -374,26 +437,150 @@ def unsigned_variant(fmt: Format) -> Format:
   return dataclasses.replace(fmt, positive_floor=True)
 
 
+STATIC_HINT = (' (Under optax.inject_hyperparams, list it in static_args: it '
+               'decides the state layout.)')
+
+
+def _short(value: Any) -> str:
+  """A repr of ``value`` short enough for an error message."""
+  return reprlib.repr(value)
+
+
+def _bound(n: int) -> str:
+  """``n`` as ``2**k`` or ``2**k - 1`` where that reads better."""
+  for k in range(16, 65):
+    if n == 2**k:
+      return f'2**{k}'
+    if n == 2**k - 1:
+      return f'2**{k} - 1'
+  return str(n)
+
+
+def _scalar(value: Any) -> Any:
+  """A 0-d NumPy array as its NumPy scalar; anything else unchanged."""
+  if isinstance(value, np.ndarray) and value.ndim == 0:
+    return value[()]
+  return value
+
+
+def _is_int(value: Any) -> bool:
+  """A Python or NumPy int (not a bool)."""
+  return (isinstance(value, (int, np.integer))
+          and not isinstance(value, (bool, np.bool_)))
+
+
 def check_rounding(rounding: str, name: str = 'rounding') -> str:
-  if rounding not in ROUNDING_MODES:
+  if not isinstance(rounding, str) or rounding not in ROUNDING_MODES:
     raise ValueError(
-        f'{name} must be one of {ROUNDING_MODES}, got {rounding!r}.')
+        f'{name} must be one of {ROUNDING_MODES}, got {_short(rounding)}.')
   return rounding
 
 
 def check_scale(scale: str, name: str = 'scale') -> str:
-  if scale not in SCALE_MODES:
-    raise ValueError(f'{name} must be one of {SCALE_MODES}, got {scale!r}.')
+  if not isinstance(scale, str) or scale not in SCALE_MODES:
+    raise ValueError(
+        f'{name} must be one of {SCALE_MODES}, got {_short(scale)}.')
   return scale
 
 
-def check_block_size(block_size, name: str = 'block_size') -> int:
-  if isinstance(block_size, bool) or not isinstance(
-      block_size, (int, np.integer)):
+def check_bool(value: Any, name: str) -> bool:
+  """A Python or NumPy bool, as a Python bool."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f'{name} must be a bool, got {_short(value)}.')
+  return bool(value)
+
+
+def check_int(value: Any, name: str, *, low: int = 0, high: int | None = None,
+              what: str | None = None, traced: bool = False,
+              hint: str = '') -> Any:
+  """Checks an integer argument: a Python or NumPy int in ``[low, high]``.
+
+  Args:
+    value: The argument. Python ints, NumPy integer scalars and 0-d NumPy
+      integer arrays are accepted (not bools or floats, even integral ones).
+    name: The argument's name, for the error message.
+    low: Smallest allowed value.
+    high: Largest allowed value, or None for no bound.
+    what: What the argument must be, for the error message (by default
+      ``'an int >= {low}'`` or ``'an int in [{low}, {high}]'``).
+    traced: Also accept a scalar integer ``jax.Array``, traced or not (its
+      value is checked where concrete), and return it as it is.
+    hint: Added to the message when a ``jax.Array`` is rejected.
+
+  Returns:
+    ``value`` as a Python int (or the accepted ``jax.Array``).
+
+  Raises:
+    ValueError: naming ``name`` and the allowed values.
+  """
+  if what is None:
+    what = (f'an int >= {low}' if high is None
+            else f'an int in [{_bound(low)}, {_bound(high)}]')
+  want = f'{name} must be {what}'
+  if (traced and isinstance(value, jax.Array) and value.shape == ()
+      and jnp.issubdtype(value.dtype, jnp.integer)):
+    if not isinstance(value, jax.core.Tracer):
+      check_int(int(value), name, low=low, high=high, what=what)
+    return value
+  if not _is_int(_scalar(value)):
+    raise ValueError(f'{want}, got {_short(value)}.'
+                     + (hint if isinstance(value, jax.Array) else ''))
+  n = int(_scalar(value))
+  if n < low or (high is not None and n > high):
+    raise ValueError(f'{want}, got {n}.')
+  return n
+
+
+def check_seed(seed: Any, name: str = 'seed', *, traced: bool = False,
+               hint: str = '') -> Any:
+  """A stochastic-rounding seed: an int in ``[0, 2**32 - 1]``."""
+  return check_int(seed, name, high=UINT32_MAX, traced=traced, hint=hint)
+
+
+def check_block_size(block_size: Any, name: str = 'block_size') -> int:
+  """Elements per block: an even int in ``[2, MAX_BLOCK_SIZE]``."""
+  what = f'an even int in [2, {_bound(MAX_BLOCK_SIZE)}]'
+  block_size = check_int(block_size, name, low=2, high=MAX_BLOCK_SIZE,
+                         what=what, hint=STATIC_HINT)
+  if block_size % 2:
+    raise ValueError(f'{name} must be {what}, got {block_size}.')
+  return block_size
+
+
+def check_number(value: Any, name: str, *, low: float = 0.0,
+                 high: float | None = None, schedule: bool = False) -> Any:
+  """Checks a real hyperparameter: finite, in ``[low, high)``.
+
+  Args:
+    value: The argument. Python and NumPy numbers (0-d NumPy arrays too) are
+      checked; a ``jax.Array`` (such as a hyperparameter injected by
+      ``optax.inject_hyperparams``, maybe traced) is accepted unchecked, and
+      so is a callable when ``schedule``.
+    name: The argument's name, for the error message.
+    low: Smallest allowed value.
+    high: The allowed values lie below it; None for no bound.
+    schedule: Whether an Optax schedule (a callable) is allowed.
+
+  Returns:
+    A number as a Python float; an array or schedule as it is.
+
+  Raises:
+    ValueError: naming ``name`` and the allowed values.
+  """
+  if isinstance(value, jax.Array) or (schedule and callable(value)):
+    return value
+  allowed = f'>= {low:g}' if high is None else f'in [{low:g}, {high:g})'
+  want = (f'{name} must be a finite number {allowed}'
+          + (' or an Optax schedule' if schedule else ''))
+  x = _scalar(value)
+  if isinstance(x, (bool, np.bool_)) or not isinstance(
+      x, (int, float, np.integer, np.floating)):
     raise ValueError(
-        f'{name} must be a positive even Python int, got {block_size!r}. '
-        '(Under optax.inject_hyperparams, list it in static_args.)')
-  if block_size <= 0 or block_size % 2:
-    raise ValueError(
-        f'{name} must be a positive even int, got {block_size}.')
-  return int(block_size)
+        f'{want}, got {_short(value)} of type {type(value).__name__}.')
+  try:
+    f = float(x)
+  except OverflowError:  # An int beyond the float range.
+    f = math.inf
+  if not (math.isfinite(f) and f >= low and (high is None or f < high)):
+    raise ValueError(f'{want}, got {_short(value)}.')
+  return f

@@ -218,6 +218,35 @@ def update(
                             [[v] for v in values])
     return us[0], [s[0] for s in shaped], rest
 
+  def isolated(g, p, values):
+    """``call_one`` on one parameter, cut off from every other parameter.
+
+    The inputs, with the shared scalars of the state (step counts), pass
+    through an optimization barrier tied to this parameter's gradient, so
+    the compiler sees the same graph for a parameter whatever else the tree
+    holds or how it is tiled: XLA rewrites arithmetic such as a division by
+    a broadcast bias correction differently when the scalar is shared
+    between leaves, and Optax's own update of a leaf changes in its last bit
+    with the other leaves of the tree. Per leaf, the update is the same bits
+    tiled or not, sharded or not.
+    """
+    shared = [slot for slot, leaves in zip(slots, per_param)
+              if leaves is None]
+    g, p, values, shared = lax.optimization_barrier((g, p, values, shared))
+    it = iter(shared)
+    local = [next(it) if leaves is None else slot
+             for slot, leaves in zip(slots, per_param)]
+    state = sdef.unflatten([
+        [v] if leaves is not None else slot
+        for slot, leaves, v in zip(local, per_param, _spread(values, per_param))])
+    us, new = inner_update([g], state, None if p is None else [p],
+                           **extra_args)
+    new_slots = sdef.flatten_up_to(new)
+    shaped = [s[0] for s, leaves in zip(new_slots, per_param)
+              if leaves is not None]
+    rest = [s for s, leaves in zip(new_slots, per_param) if leaves is None]
+    return list(us)[0], shaped, rest
+
   shaped_slots = [k for k, leaves in enumerate(per_param) if leaves is not None]
 
   def entries_of(j):
@@ -238,35 +267,32 @@ def update(
     return num_tiles(pshapes[j], tile_size)
 
   tiles = [tiles_of(j) for j in range(len(pleaves))]
-  if all(t == 1 for t in tiles):
-    return None  # Nothing to tile: the whole-tree path is as good.
 
   new_leaves = [[None] * len(pleaves) if leaves is not None else None
                 for leaves in per_param]
   new_updates = [None] * len(pleaves)
   stalled = {}
   rest_out = None
-  # Parameters that are not tiled: one call, as the whole-tree path.
-  small = [j for j, t in enumerate(tiles) if t == 1]
-  if small:
-    values = [[decode_for_inner(per_param[k][j], rounding_for(base[k] + j))
-               for j in small] for k in shaped_slots]
-    us, shaped, rest_out = call(
-        [pleaves[j] for j in small],
-        None if plist is None else [plist[j] for j in small], values)
-    for j, u in zip(small, us):
-      new_updates[j] = u
-    for k, news in zip(shaped_slots, shaped):
-      for j, n in zip(small, news):
-        x, i = per_param[k][j], base[k] + j
-        if qarray_lib.is_qarray(x):
-          n = qarray_lib.encode(
-              jnp.asarray(n, jnp.float32), x.fmt, scale_mode=x.scale_mode,
-              block_size=x.block_size or block_size, key=key_for(i),
-              dtype=x.dtype)
-          if track_stalls:
-            stalled[i] = stall(x, n)
-        new_leaves[k][j] = n
+  # Parameters that are not tiled: one isolated call each.
+  for j, t in enumerate(tiles):
+    if t != 1:
+      continue
+    entries = entries_of(j)
+    u, shaped, rest = isolated(
+        pleaves[j], None if plist is None else plist[j],
+        [decode_for_inner(x, rounding_for(i)) for _, x, i in entries])
+    new_updates[j] = u
+    if rest_out is None:
+      rest_out = rest
+    for (k, x, i), n in zip(entries, shaped):
+      if qarray_lib.is_qarray(x):
+        n = qarray_lib.encode(
+            jnp.asarray(n, jnp.float32), x.fmt, scale_mode=x.scale_mode,
+            block_size=x.block_size or block_size, key=key_for(i),
+            dtype=x.dtype)
+        if track_stalls:
+          stalled[i] = stall(x, n)
+      new_leaves[k][j] = n
   # Large parameters: one tiled loop each.
   for j, t in enumerate(tiles):
     if t == 1:
@@ -274,7 +300,7 @@ def update(
     p = None if plist is None else plist[j]
     entries = entries_of(j)
     u, shaped, rest = _tiled(
-        call_one, pleaves[j], p, entries, t, key_for=key_for,
+        call_one, isolated, pleaves[j], p, entries, t, key_for=key_for,
         rounding_for=rounding_for, block_size=block_size,
         track_stalls=track_stalls, stalled=stalled)
     for (k, _, _), n in zip(entries, shaped):
@@ -290,7 +316,13 @@ def update(
   return pdef.unflatten(new_updates), sdef.unflatten(new_slots), stalled
 
 
-def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
+def _spread(values, per_param):
+  """Per slot: the next of ``values`` for shaped slots, None for others."""
+  it = iter(values)
+  return [next(it) if leaves is not None else None for leaves in per_param]
+
+
+def _tiled(call, isolated, g, p, entries, tiles, *, key_for, rounding_for,
            block_size, track_stalls, stalled):
   """One parameter in ``tiles`` tiles of rows, by a loop.
 
@@ -386,8 +418,8 @@ def _tiled(call, g, p, entries, tiles, *, key_for, rounding_for,
   # compiler fuses it into whatever consumes it (``apply_updates``) instead
   # of the loop writing it out; the inner update's state outputs are unused
   # here, and dropped.
-  u, _, rest = call(g, p, [decode_for_inner(x, rounding_for(i))
-                           for _, x, i in entries])
+  u, _, rest = isolated(g, p, [decode_for_inner(x, rounding_for(i))
+                               for _, x, i in entries])
 
   shaped, count_it = [], iter(counts)
   for (_, x, i), buf in zip(entries, bufs):

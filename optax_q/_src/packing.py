@@ -18,6 +18,11 @@ element, so a real 4-bit state needs packing by hand. Element ``2i`` goes to
 the low nibble and ``2i + 1`` to the high nibble of byte ``i``; an odd last
 axis is padded with a zero nibble. The packed array keeps the rank, and only
 the last axis is halved, so a parameter's ``PartitionSpec`` still applies.
+
+Where the codes' type carries their sharding (explicit mesh axes), packed
+codes keep it, except along a last axis whose halved length the mesh axes
+do not divide: that axis is gathered (replicated) first, as
+``state_shardings`` lays it out.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from __future__ import annotations
 import jax
 from jax import lax
 import jax.numpy as jnp
+
+from optax_q._src import explicit
 
 
 def packed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -36,6 +43,8 @@ def pack_nibbles(codes: jax.Array) -> jax.Array:
   """Packs integer codes in [0, 16) along the last axis into uint8."""
   codes = codes.astype(jnp.uint8)
   n = codes.shape[-1]
+  if not explicit.divides(codes, -1, (n + 1) // 2):
+    codes = explicit.replicate_last_axis(codes)
   if n % 2:
     pad = [(0, 0)] * (codes.ndim - 1) + [(0, 1)]
     codes = jnp.pad(codes, pad)
@@ -50,6 +59,8 @@ def pack_nibbles(codes: jax.Array) -> jax.Array:
 def unpack_nibbles(packed: jax.Array, n: int) -> jax.Array:
   """Inverse of :func:`pack_nibbles`: uint8 codes, last axis ``n`` long."""
   packed = packed.astype(jnp.uint8)
+  if not explicit.divides(packed, -1, n):
+    packed = explicit.replicate_last_axis(packed)
   lo = (packed & 0x0F).astype(jnp.uint16)
   hi = (packed >> 4).astype(jnp.uint16)
   pairs = lax.bitcast_convert_type(lo | (hi << 8), jnp.uint8)

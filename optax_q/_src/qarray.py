@@ -33,6 +33,7 @@ format's largest value, and an all-zero block decodes to exact zeros.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -41,15 +42,16 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from optax_q._src import explicit
 from optax_q._src import formats as formats_lib
 from optax_q._src import minifloat
 from optax_q._src import packing
 from optax_q._src import rounding as rounding_lib
 
 Format = formats_lib.Format
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
-@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class QArray:
   """A quantized array: ``dequantize(q) ~= x``.
@@ -92,6 +94,37 @@ class QArray:
     return n
 
 
+def layout_tag(q: QArray) -> str:
+  """``'<format>:<scale mode>[:<block size>]'``, e.g. ``'int4:block:128'``."""
+  tag = f'{q.fmt.name}:{q.scale_mode}'
+  return f'{tag}:{q.block_size}' if q.scale_mode == 'block' else tag
+
+
+def _aux(q: QArray) -> tuple[Any, ...]:
+  return (q.fmt, q.shape, q.dtype, q.scale_mode, q.block_size)
+
+
+def _flatten_with_keys(q: QArray):
+  # The layout is part of the children's keys, so a checkpoint written in
+  # one format cannot be restored into a state of another (Orbax matches
+  # restore targets by key path and names both paths when they differ).
+  tag = layout_tag(q)
+  return ((jax.tree_util.GetAttrKey(f'codes:{tag}'), q.codes),
+          (jax.tree_util.GetAttrKey(f'scale:{tag}'), q.scale)), _aux(q)
+
+
+def _flatten(q: QArray):
+  return (q.codes, q.scale), _aux(q)
+
+
+def _unflatten(aux, children) -> QArray:
+  return QArray(*children, *aux)
+
+
+jax.tree_util.register_pytree_with_keys(
+    QArray, _flatten_with_keys, _unflatten, _flatten)
+
+
 def _leaf_nbytes(x: Any) -> int:
   if hasattr(x, 'nbytes') and not isinstance(x, jax.ShapeDtypeStruct):
     return int(x.nbytes)
@@ -124,28 +157,52 @@ def _check_layout(fmt: Format, scale_mode: str) -> None:
 
 
 def _blocked(x: jax.Array, scale_mode: str, block_size: int) -> jax.Array:
-  """Views ``x`` (rank >= 1) as (..., groups, group_size) for its scales."""
+  """Views ``x`` (rank >= 1) as (..., groups, group_size) for its scales.
+
+  Where ``x``'s type carries its sharding (explicit mesh axes), the view is
+  sharded like ``x`` as far as the groups allow: a block-scaled last axis
+  stays sharded where its mesh axes divide the number of blocks, and is
+  gathered first where they do not (blocks then straddle shards); a
+  tensor-scaled array is flattened onto all the mesh axes it is sharded
+  over. :func:`_unblocked` lays the result out like ``x`` again.
+  """
+  spec = explicit.spec_of(x)
   if scale_mode == 'tensor':
-    return x.reshape((1,) * (x.ndim - 1) + (1, -1)) if x.size else x.reshape(
-        (1,) * x.ndim + (0,))
+    if not x.size:
+      return x.reshape((1,) * x.ndim + (0,))
+    shape = (1,) * x.ndim + (x.size,)
+    if spec is None:
+      return x.reshape(shape)
+    axes = tuple(a for p in spec if p is not None
+                 for a in ((p,) if isinstance(p, str) else p))
+    return jnp.reshape(x, shape, out_sharding=explicit.with_spec(
+        x, (None,) * x.ndim + (axes,)))
   if scale_mode == 'row':
     return x[..., None, :]
   n = x.shape[-1]
   nb = -(-n // block_size)
+  if not explicit.divides(x, -1, nb):
+    x = explicit.replicate_last_axis(x)
   if nb * block_size != n:
     pad = [(0, 0)] * (x.ndim - 1) + [(0, nb * block_size - n)]
     x = jnp.pad(x, pad)
   return x.reshape(*x.shape[:-1], nb, block_size)
 
 
-def _unblocked(y: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+def _unblocked(y: jax.Array, like: jax.Array) -> jax.Array:
+  """Inverse of :func:`_blocked`: ``y`` with the shape and sharding of
+  ``like``, the array that was blocked (its dtype does not matter)."""
+  shape = tuple(like.shape)
+  sharding = explicit.sharding_of(like)
   if math.prod(y.shape) == math.prod(shape):  # No padding: a plain view.
-    return y.reshape(shape)
+    if sharding is None:
+      return y.reshape(shape)
+    return jnp.reshape(y, shape, out_sharding=sharding)
   n = shape[-1]
   y = y.reshape(*y.shape[:-2], y.shape[-2] * y.shape[-1])
   if y.shape[-1] != n:
     y = y[..., :n]
-  return y.reshape(shape)
+  return explicit.reshard(y.reshape(shape), sharding)
 
 
 def scale_target(fmt: Format) -> float:
@@ -160,13 +217,90 @@ def scale_target(fmt: Format) -> float:
   return fmt.max_value
 
 
+@functools.cache
+def grid_extremes(fmt: Format) -> tuple[float, float, float]:
+  """``(lo, hi, inner)``: the grid's ends and the target of a block with
+  an infinity.
+
+  ``lo`` and ``hi`` are the most negative and the largest value of the grid
+  (``lo`` is 0 or positive for unsigned grids). In a block that holds an
+  infinity, the finite values are mapped to at most ``inner``, the largest
+  grid magnitude strictly inside both ends (or the ordinary target where
+  that is already inside, as for ``bf16``), so that the end codes are left
+  to the infinities alone.
+  """
+  target = scale_target(fmt)
+  if fmt.kind == 'codebook':
+    values = sorted(set(fmt.table))
+    lo, hi = values[0], values[-1]
+    inner = max(v for v in values if v < hi)
+    if fmt.signed:
+      inner = min(inner, max(-v for v in values if v > lo))
+    return lo, hi, min(inner, target)
+  hi = fmt.max_value
+  lo = -hi if fmt.signed else 0.0
+  if target < hi:
+    return lo, hi, target
+  if fmt.kind == 'int':
+    return lo, hi, hi - 1.0
+  top = math.floor(math.log2(hi))
+  return lo, hi, hi - 2.0 ** (top - fmt.mantissa_bits)
+
+
+# Scales above this are applied in two exact steps (a power of two, then the
+# reciprocal of the rest), so that no reciprocal is a float32 subnormal,
+# which the CPU and many accelerators flush to zero.
+_BIG_SCALE = 2.0**100
+_SPLIT = 2.0**-64
+
+
+def block_scale(absmax: jax.Array, target: jax.Array | float) -> jax.Array:
+  """``absmax / target``, rounded so that ``target * scale <= absmax``.
+
+  Computed as a product with the host-side reciprocal of ``target`` and at
+  most two steps down, so the same inputs give the same bits whatever the
+  shape of the array or the compiler's fusion, and decoding the largest code
+  (``target * scale``) never overflows to infinity.
+  """
+  target = jnp.asarray(target, jnp.float32)
+  scale = absmax * (jnp.float32(1.0) / target)
+  for _ in range(2):
+    scale = jnp.where(scale * target > absmax,
+                      jnp.nextafter(scale, jnp.float32(0)), scale)
+  return scale
+
+
+def apply_inverse_scale(xb: jax.Array, scale: jax.Array) -> jax.Array:
+  """``xb / scale[..., None]`` as one explicit, shape-independent product.
+
+  The reciprocal is taken once per block and applied by multiplication:
+  XLA may otherwise rewrite a division by a broadcast scale into a product
+  with a reciprocal for some shapes and not for others, so that tiled,
+  sharded and whole-array encodings of the same block would differ in their
+  last bit. Zero and NaN scales leave the values as they are (an all-zero
+  block; a NaN block decodes to NaN by its scale).
+  """
+  safe = jnp.where(scale > 0, scale, jnp.float32(1.0))
+  big = safe > jnp.float32(_BIG_SCALE)
+  pre = jnp.where(big, jnp.float32(_SPLIT), jnp.float32(1.0))
+  inv = jnp.float32(1.0) / (safe * pre)
+  return (xb * pre[..., None]) * inv[..., None]
+
+
 def _encode_values(
-    y: jax.Array, fmt: Format, u: jax.Array | None
+    y: jax.Array, fmt: Format, u: jax.Array | None,
+    positive: jax.Array | None = None,
 ) -> jax.Array:
-  """Encodes scaled float32 values ``y`` into unpacked codes of ``fmt``."""
+  """Encodes scaled float32 values ``y`` into unpacked codes of ``fmt``.
+
+  ``positive`` marks the inputs that were positive before scaling (by
+  default ``y > 0``): with ``fmt.positive_floor`` they never encode to zero,
+  even where scaling underflowed them.
+  """
   if fmt.positive_floor:
     # Positive values never round to zero (second moments); NaN stays NaN.
-    y = jnp.where(y > 0, jnp.maximum(y, jnp.float32(fmt.min_positive)), y)
+    positive = y > 0 if positive is None else positive
+    y = jnp.where(positive, jnp.maximum(y, jnp.float32(fmt.min_positive)), y)
   if fmt.kind == 'float':
     if fmt.name == 'fp32':
       return y
@@ -244,14 +378,25 @@ def encode(
     scale = None
   else:
     xb = _blocked(xf, scale_mode, block_size)
-    absmax = jnp.max(jnp.abs(xb), axis=-1, initial=0.0)
-    scale = absmax / jnp.float32(scale_target(fmt))
-    scale = jnp.where(jnp.isfinite(scale), scale, jnp.nan)
-    safe = jnp.where(scale > 0, scale, 1.0)
+    is_inf = jnp.isinf(xb)
+    # The scale follows the finite values (NaN propagates into it); an
+    # infinity takes the grid's end code of its sign, and its block's
+    # scale is stored negated (sign bit set) to say so.
+    absmax = jnp.max(jnp.where(is_inf, 0.0, jnp.abs(xb)), axis=-1,
+                     initial=0.0)
+    has_inf = jnp.any(is_inf, axis=-1)
+    _, _, inner = grid_extremes(fmt)
+    target = jnp.where(has_inf, jnp.float32(inner),
+                       jnp.float32(scale_target(fmt)))
+    scale = block_scale(absmax, target)
     u = (None if key is None
          else rounding_lib.uniform(key, xb.shape, **sr_rows))
-    codes = _encode_values(xb / safe[..., None], fmt, u)
-    codes = _unblocked(codes, xf.shape)
+    y = apply_inverse_scale(xb, scale)
+    end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
+    y = jnp.where(is_inf, jnp.copysign(end, xb), y)
+    codes = _encode_values(y, fmt, u, positive=xb > 0)
+    codes = _unblocked(codes, xf)
+    scale = jnp.where(has_inf, -scale, scale)
   if fmt.packed:
     codes = packing.pack_nibbles(codes)
   if not shape:
@@ -273,7 +418,17 @@ def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
   if q.scale is not None:
     scale = q.scale.reshape(1) if not shape else q.scale
     yb = _blocked(y, q.scale_mode, q.block_size)
-    y = _unblocked(yb * scale[..., None], flat_shape)
+    magnitude = jnp.abs(scale)[..., None]
+    out = yb * magnitude
+    # A block with its scale's sign bit set holds infinities at the grid's
+    # end codes (|scale| + inf: NaN in a NaN block).
+    flagged = jnp.signbit(scale)[..., None]
+    lo, hi, _ = grid_extremes(q.fmt)
+    inf = magnitude + jnp.float32(jnp.inf)
+    out = jnp.where(flagged & (yb >= jnp.float32(hi)), inf, out)
+    if q.fmt.signed:
+      out = jnp.where(flagged & (yb <= jnp.float32(lo)), -inf, out)
+    y = _unblocked(out, y)
   return y.reshape(shape).astype(dtype)
 
 
@@ -312,9 +467,12 @@ def quantize(
     rounding: ``'nearest'`` (round half to even) or ``'stochastic'``
       (unbiased; the bits are a hash of ``seed``, ``step``, ``stream`` and
       the element's index, so the result is reproducible).
-    seed: Seed of the stochastic rounding.
-    step: Step counter mixed into the random bits (may be traced).
-    stream: Static integer separating independent streams (e.g. leaves).
+    seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]`` (or
+      a scalar integer array).
+    step: Step counter mixed into the random bits, an int in
+      ``[0, 2**32 - 1]`` or a scalar integer array (may be traced).
+    stream: Static integer separating independent streams (e.g. leaves), in
+      ``[0, 2**32 - 1]``.
 
   Returns:
     A :class:`QArray` whose :func:`dequantize` approximates ``x``.
@@ -332,13 +490,25 @@ def quantize(
     Li et al, `Memory Efficient Optimizers with 4-bit States
     <https://arxiv.org/abs/2309.01507>`_, 2023
   """
-  fmt = formats_lib.get_format(fmt)
+  fmt = formats_lib.check_format(fmt, 'fmt')
   scale = formats_lib.check_scale(
       default_scale_mode(fmt) if scale is None else scale)
   block_size = formats_lib.check_block_size(block_size)
   formats_lib.check_rounding(rounding)
+  seed = formats_lib.check_seed(seed, traced=True)
+  step = formats_lib.check_int(step, 'step', high=formats_lib.UINT32_MAX,
+                               traced=True)
+  stream = formats_lib.check_int(stream, 'stream',
+                                 high=formats_lib.UINT32_MAX)
   _check_layout(fmt, scale)
-  x = jnp.asarray(x)
+  try:
+    array = jnp.asarray(x)
+  except (TypeError, ValueError):
+    array = None
+  if array is None or jnp.issubdtype(array.dtype, jnp.complexfloating):
+    raise ValueError('x must be an array of real numbers, got '
+                     f'{type(x).__name__ if array is None else array.dtype}.')
+  x = array
   if not jnp.issubdtype(x.dtype, jnp.floating):
     x = x.astype(jnp.float32)
   key = None
@@ -357,7 +527,16 @@ def dequantize(q: QArray, dtype: Any = None) -> jax.Array:
     Array([ 0.5, -1. ,  2. ], dtype=float32)
   """
   if not is_qarray(q):
-    raise ValueError(f'dequantize expects a QArray, got {type(q).__name__}.')
+    raise ValueError(
+        f'dequantize expects a QArray (q), got {type(q).__name__}.')
+  if dtype is not None:
+    try:
+      floating = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    except TypeError:
+      floating = False
+    if not floating:
+      raise ValueError("dtype must be None or a float dtype such as "
+                       f"'float32' or 'bfloat16', got {dtype!r}.")
   return decode(q, dtype or q.dtype)
 
 

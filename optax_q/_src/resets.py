@@ -39,11 +39,16 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import functools
+import math
+import numbers
+import reprlib
 from typing import Any, NamedTuple
 import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from optax_q._src import formats as formats_lib
@@ -56,6 +61,8 @@ QArray = qarray_lib.QArray
 ADAPTIVE = 'adaptive'
 AUTO = 'auto'
 ADAM_MOMENTS = ('mu', 'nu')
+# Ages are int32 counters: a longer period could never be reached.
+MAX_PERIOD = 2**31 - 1
 
 
 # -----------------------------------------------------------------------------
@@ -119,6 +126,36 @@ def _select(pred: jax.Array, x: Any) -> Any:
   return jnp.where(pred, jnp.zeros_like(x), x)
 
 
+def _check_fields(fields: Any, name: str = 'fields') -> tuple[str, ...]:
+  """A sequence of state field names as a tuple (not a bare string)."""
+  if isinstance(fields, str):
+    raise ValueError(
+        f'{name} must be a sequence of state field names, got the string '
+        f'{fields!r}; write ({fields!r},).')
+  try:
+    out = tuple(fields)
+  except TypeError:
+    out = None
+  if out is None or not all(isinstance(f, str) for f in out):
+    raise ValueError(
+        f'{name} must be a sequence of state field names (str), got '
+        f'{reprlib.repr(fields)}.')
+  return out
+
+
+def _check_flag(flag: Any, name: str) -> jax.Array:
+  """A boolean scalar flag (Python, NumPy or a possibly traced array)."""
+  shape = getattr(flag, 'shape', ())
+  dtype = getattr(flag, 'dtype', None)
+  ok = (isinstance(flag, (bool, np.bool_)) if dtype is None
+        else shape == () and dtype == np.bool_)
+  if not ok:
+    raise ValueError(
+        f'{name} must be a boolean scalar (a bool or a bool array of shape '
+        f'()), got {reprlib.repr(flag)}.')
+  return jnp.asarray(flag, bool)
+
+
 def reset_where(
     state: optax.OptState,
     where: Mapping[str, jax.typing.ArrayLike] | jax.typing.ArrayLike,
@@ -138,10 +175,15 @@ def reset_where(
     state: Any optimizer state.
     where: A boolean scalar for all ``fields``, or ``{field: flag}``.
     fields: State field names to zero (integer counters included, e.g.
-      ``'count_nu'``).
+      ``'count_nu'``): a sequence of strings, each a field of ``state``.
 
   Returns:
     The state with the same structure, dtypes and shapes.
+
+  Raises:
+    ValueError: if ``fields`` is a bare string or names a field ``state``
+      does not have (the message lists those it has), if ``where`` names a
+      field not in ``fields``, or if a flag is not a boolean scalar.
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
@@ -152,16 +194,23 @@ def reset_where(
     >>> state.nu['w']
     Array([0., 0., 0.], dtype=float32)
   """
-  fields = tuple(fields)
+  fields = _check_fields(fields)
+  floats, ints = _state_names(state)
+  unknown = sorted(set(fields) - floats - ints)
+  if unknown:
+    raise ValueError(
+        f'fields names state field(s) {unknown} that this state does not '
+        f'have; its fields are {sorted(floats | ints)}.')
   if isinstance(where, Mapping):
-    unknown = sorted(set(where) - set(fields))
+    unknown = sorted(set(where) - set(fields), key=repr)
     if unknown:
       raise ValueError(
           f'where names field(s) {unknown} that are not in fields={fields}.')
-    flags = {f: where.get(f, False) for f in fields}
+    flags = {f: _check_flag(where.get(f, False), f'where[{f!r}]')
+             for f in fields}
   else:
-    flags = {f: where for f in fields}
-  flags = {f: jnp.asarray(v, bool) for f, v in flags.items()}
+    flag = _check_flag(where, 'where')
+    flags = {f: flag for f in fields}
   return _map_fields(
       lambda name, x: x if name is None else _select(flags[name], x),
       frozenset(fields), state)
@@ -172,28 +221,107 @@ def reset_where(
 # -----------------------------------------------------------------------------
 
 
+def _is_int(value: Any) -> bool:
+  """A Python or NumPy int, not a bool."""
+  return (isinstance(value, numbers.Integral)
+          and not isinstance(value, (bool, np.bool_)))
+
+
 def _check_period(value: Any, name: str, allowed: tuple[str, ...]) -> Any:
+  """``None``, one of ``allowed`` or an int period in ``[1, MAX_PERIOD]``."""
+  if isinstance(value, np.ndarray) and value.shape == ():
+    value = value[()]
   if value is None or (isinstance(value, str) and value in allowed):
     return value
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    traced = hasattr(value, 'shape') and hasattr(value, 'dtype')
+  if not _is_int(value) or not 1 <= value <= MAX_PERIOD:
+    traced = isinstance(value, jax.Array)
     hint = (' (Under optax.inject_hyperparams, list it in static_args.)'
             if traced else '')
-    options = ', '.join(repr(a) for a in allowed)
+    options = ' or '.join(repr(a) for a in allowed)
     raise ValueError(
-        f'{name} must be None, a positive int or one of {options}; got '
-        f'{value!r}.{hint}')
+        f'{name} must be None, an int in [1, 2**31 - 1], or {options}; got '
+        f'{reprlib.repr(value)}.{hint}')
   return int(value)
 
 
 def _check_unit(value: Any, name: str) -> Any:
+  """A real number in the open interval (0, 1); jax.Arrays unchecked."""
   if isinstance(value, jax.Array):
     return value  # Injected (optax.inject_hyperparams) or traced: unchecked.
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    raise ValueError(f'{name} must be a float in (0, 1), got {value!r}.')
-  if not 0.0 < float(value) < 1.0:
+  if isinstance(value, np.ndarray) and value.shape == ():
+    value = value[()]
+  if (isinstance(value, (bool, np.bool_))
+      or not isinstance(value, numbers.Real)):
+    raise ValueError(
+        f'{name} must be a float in (0, 1), got {reprlib.repr(value)}.')
+  if not 0.0 < float(value) < 1.0:  # NaN fails too.
     raise ValueError(f'{name} must lie in (0, 1), got {value!r}.')
   return float(value)
+
+
+def _check_p_ss(value: Any) -> float:
+  if isinstance(value, np.ndarray) and value.shape == ():
+    value = value[()]
+  if (isinstance(value, (bool, np.bool_))
+      or not isinstance(value, numbers.Real)
+      or not 0.0 < float(value) <= 1.0):
+    raise ValueError(
+        f'p_ss must be a float in (0, 1], got {reprlib.repr(value)}.')
+  return float(value)
+
+
+def _check_counters(counters: Any, named: Sequence[str]) -> dict[str, tuple]:
+  """``{field: (counter, ...)}`` from ``counters`` (checked)."""
+  if not isinstance(counters, Mapping):
+    raise ValueError(
+        'counters must be a dict {field: counter field name or a sequence of '
+        f'them}}, got {reprlib.repr(counters)}.')
+  out = {}
+  for f, cs in counters.items():
+    if not isinstance(f, str):
+      raise ValueError(
+          f'counters keys must be state field names (str), got {f!r}.')
+    if isinstance(cs, str):
+      cs = (cs,)
+    elif (isinstance(cs, Sequence)
+          and all(isinstance(c, str) for c in cs)):
+      cs = tuple(cs)
+    else:
+      raise ValueError(
+          f'counters[{f!r}] must be an integer state field name (str) or a '
+          f'sequence of them, e.g. {{{f!r}: {"count_" + f!r}}}; got '
+          f'{reprlib.repr(cs)}.')
+    out[f] = cs
+  unknown = sorted(set(out) - set(named))
+  if unknown:
+    raise ValueError(
+        f'counters names field(s) {unknown} that are not reset; the fields '
+        f'to reset are {sorted(named)}.')
+  return out
+
+
+def _check_groups(groups: Any, periods: Mapping[str, Any]) -> tuple:
+  """Disjoint tuples of reset fields, each reset together."""
+  what = ('groups must be a sequence of tuples of fields to reset together, '
+          "e.g. (('mu', 'nu'),)")
+  if isinstance(groups, str) or not isinstance(groups, Sequence):
+    raise ValueError(f'{what}; got {reprlib.repr(groups)}.')
+  out, seen = [], set()
+  for g in groups:
+    if (isinstance(g, str) or not isinstance(g, Sequence)
+        or not all(isinstance(f, str) for f in g)):
+      raise ValueError(f'{what}; got the group {reprlib.repr(g)}.')
+    unknown = sorted(set(g) - set(periods))
+    if unknown:
+      raise ValueError(
+          f'groups names field(s) {unknown} that are not reset; the fields '
+          f'reset are {sorted(periods)}.')
+    twice = sorted(seen & set(g))
+    if twice:
+      raise ValueError(f'groups names field(s) {twice} in more than one group.')
+    seen |= set(g)
+    out.append(tuple(dict.fromkeys(g)))
+  return tuple(out)
 
 
 def _state_names(state) -> tuple[set[str], set[str]]:
@@ -291,6 +419,7 @@ def reset_state(
     *,
     fields: Sequence[str] = ADAM_MOMENTS,
     counters: Mapping[str, str | Sequence[str]] | None = None,
+    groups: Sequence[Sequence[str]] = (),
     decay: float = 0.999,
     s0: float = 0.6,
     p_ss: float = 1.0,
@@ -320,22 +449,33 @@ def reset_state(
     A \leftarrow A + \left[\frac{P_k / P_{ss} - s_0}{1 - s_0}\right]_+,
     \qquad \text{reset if } \frac{A}{k} \ge \frac{2\beta^k}{1 + \beta^k}.
 
+  Fields in one of ``groups`` are reset together: when the rule of any of
+  them fires, all of them (with their ages and accumulators) are reset. The
+  drop-in optimizers group Adam's two moments whenever both have the same
+  policy; resetting the second moment alone leaves an old first moment over
+  a one-step second moment (see :func:`scale_by_adam_local_age`, which
+  bounds that update).
+
   Args:
     inner: The transform whose state is reset, typically a
       :func:`quantize_state` of :func:`scale_by_adam_local_age`.
-    every: The reset period: a positive int ``K`` for every field in
-      ``fields``, ``'adaptive'``, ``None`` (never), or a dict
+    every: The reset period: an int ``K`` in ``[1, 2**31 - 1]`` for every
+      field in ``fields``, ``'adaptive'``, ``None`` (never), or a dict
       ``{field: K | 'adaptive' | None}`` (fields not listed are never reset),
       e.g. ``{'nu': 300}`` for the paper's asymmetric FP8 policy.
-    fields: Fields reset when ``every`` is not a dict.
+    fields: Fields reset when ``every`` is not a dict: a sequence of field
+      names (not a bare string).
     counters: ``{field: counter field(s)}``: integer state fields zeroed
       together with the field (the ages its bias correction reads). By
       default ``count_<field>`` where the inner state has it (as in
       :func:`scale_by_adam_local_age`). For ``optax.scale_by_adam``, whose
       two moments share one ``count``, pass ``{'mu': 'count', 'nu': 'count'}``
-      and reset both moments together.
+      and reset both moments together. Keys must be fields to reset.
+    groups: Disjoint sequences of fields to reset together, e.g.
+      ``(('mu', 'nu'),)``; each field must have a period or ``'adaptive'``.
+      By default every field follows its own rule.
     decay: The EMA decay :math:`\beta` in the statistical-error term of
-      adaptive resets (the paper uses :math:`\beta_2`).
+      adaptive resets (the paper uses :math:`\beta_2`), in ``(0, 1)``.
     s0: Staleness tolerance of adaptive resets, in ``(0, 1)``.
     p_ss: The steady-state stall normaliser :math:`P_{ss}` of adaptive
       resets, in ``(0, 1]`` (the paper fixes 1).
@@ -344,17 +484,21 @@ def reset_state(
     A gradient transformation whose state is a :class:`ResetState`.
 
   Raises:
-    ValueError: at construction, for a period that is not a positive int,
-      ``'adaptive'`` or ``None``, for a field the inner state does not have,
-      or for ``s0``, ``decay`` or ``p_ss`` out of range.
+    ValueError: at construction, naming the argument and the allowed values:
+      for a period that is not an int in ``[1, 2**31 - 1]``, ``'adaptive'``
+      or ``None``, for ``fields``, ``counters`` or ``groups`` of the wrong
+      type or naming a field the inner state does not have, or for ``s0``,
+      ``decay`` or ``p_ss`` out of range. Python and NumPy numbers are
+      accepted alike.
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
     >>> inner = optax_q.quantize_state(
     ...     optax_q.scale_by_adam_local_age(), {'mu': 'fp8_e4m3',
     ...     'nu': 'fp8_e4m3'}, min_size=0)
-    >>> tx = optax.chain(optax_q.reset_state(inner, {'nu': 300}),
-    ...                  optax.scale(-1e-3))
+    >>> tx = optax.chain(
+    ...     optax_q.reset_state(inner, 'adaptive', groups=(('mu', 'nu'),)),
+    ...     optax.scale(-1e-3))
     >>> state = tx.init({'w': jnp.zeros((4, 128))})
     >>> int(state[0].ages['nu'])
     0
@@ -366,34 +510,36 @@ def reset_state(
 
   .. seealso:: :func:`optax_q.reset_period`, :func:`optax_q.stall_fraction`
   """
-  if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+  if not (callable(getattr(inner, 'init', None))
+          and callable(getattr(inner, 'update', None))):
     raise ValueError(
-        f'fields must be a sequence of state field names, got {fields!r}.')
+        'inner must be an Optax GradientTransformation (with init and '
+        f'update), got {type(inner).__name__}.')
+  fields = _check_fields(fields)
   if isinstance(every, Mapping):
-    periods = {f: _check_period(p, f'every[{f!r}]', (ADAPTIVE,))
-               for f, p in every.items()}
-    for f in periods:
+    for f in every:
       if not isinstance(f, str):
         raise ValueError(f'every keys must be field names, got {f!r}.')
+    periods = {f: _check_period(p, f'every[{f!r}]', (ADAPTIVE,))
+               for f, p in every.items()}
   else:
     period = _check_period(every, 'every', (ADAPTIVE,))
     periods = {f: period for f in fields}
+  named = tuple(periods)
   periods = {f: p for f, p in periods.items() if p is not None}
   decay = _check_unit(decay, 'decay')
   s0 = _check_unit(s0, 's0')
-  if (isinstance(p_ss, bool) or not isinstance(p_ss, (int, float))
-      or not 0.0 < p_ss <= 1.0):
-    raise ValueError(f'p_ss must be a float in (0, 1], got {p_ss!r}.')
+  p_ss = _check_p_ss(p_ss)
+  groups = _check_groups(groups, periods)
   counter_map: dict[str, list[str]] = {}
   if counters is None:
     for f in periods:
       counter_map.setdefault(f'count_{f}', []).append(f)
   else:
-    for f, cs in counters.items():
-      if f not in periods:
-        continue
-      for c in ([cs] if isinstance(cs, str) else cs):
-        counter_map.setdefault(c, []).append(f)
+    for f, cs in _check_counters(counters, named).items():
+      if f in periods:
+        for c in cs:
+          counter_map.setdefault(c, []).append(f)
   names = _probe_names(inner)
   if names is not None:
     floats, ints = names
@@ -426,7 +572,7 @@ def reset_state(
   def update_fn(updates, state, params=None, **extra_args):
     updates, new_inner = inner_ex.update(
         updates, state.inner_state, params, **extra_args)
-    ages, excess, resets, flags = {}, {}, {}, {}
+    ages, excess, flags = {}, {}, {}
     for f in sorted(periods):
       k = optax.safe_increment(state.ages[f])
       a = state.excess[f]
@@ -435,13 +581,18 @@ def reset_state(
         a = a + jnp.maximum((p / p_ss - s0) / (1.0 - s0), 0.0)
         bk = jnp.power(jnp.asarray(decay, jnp.float32),
                        k.astype(jnp.float32))
-        flag = a / k.astype(jnp.float32) >= 2.0 * bk / (1.0 + bk)
+        flags[f] = a / k.astype(jnp.float32) >= 2.0 * bk / (1.0 + bk)
       else:
-        flag = k >= periods[f]
-      flags[f] = flag
-      ages[f] = jnp.where(flag, 0, k)
-      excess[f] = jnp.where(flag, 0.0, a)
-      resets[f] = state.resets[f] + flag.astype(jnp.int32)
+        flags[f] = k >= periods[f]
+      ages[f], excess[f] = k, a
+    for group in groups:
+      flag = functools.reduce(jnp.logical_or, [flags[f] for f in group])
+      flags.update({f: flag for f in group})
+    resets = {}
+    for f in sorted(periods):
+      ages[f] = jnp.where(flags[f], 0, ages[f])
+      excess[f] = jnp.where(flags[f], 0.0, excess[f])
+      resets[f] = state.resets[f] + flags[f].astype(jnp.int32)
 
     def reset_leaf(name, x):
       if name is None:
@@ -483,6 +634,43 @@ class ScaleByAdamLocalAgeState(NamedTuple):
   count_nu: jax.Array  # shape=(), dtype=jnp.int32; nu's local age.
 
 
+def _update_bound(b1: Any, b2: Any, nesterov: bool) -> Any:
+  """Adam's largest per-coordinate update without resets (``inf``: none).
+
+  Returns a Python float (maybe ``inf``) for numbers, a float32 array for
+  ``jax.Array`` decays (as injected by ``optax.inject_hyperparams``).
+  """
+  # With one age k for both moments, every past gradient obeys
+  # (1 - b2) b2**(k - i) g_i**2 <= v_k, so with r = b1 / sqrt(b2) < 1
+  #   |m_k| <= (1 - b1) sum_i b1**(k - i) |g_i|
+  #         <= (1 - b1) / sqrt(1 - b2) * sqrt(v_k) * (1 - r**k) / (1 - r),
+  # and as sqrt(1 - b2**k) <= 1 and 1 - r**k <= 1 - b1**k (r > b1),
+  #   |m_hat_k| / sqrt(v_hat_k) <= C = (1 - b1) / (sqrt(1 - b2) (1 - r)).
+  # eps and eps_root only enlarge the denominator. Nesterov's numerator is
+  #   b1 m_k / (1 - b1**(k + 1)) + (1 - b1) g_k / (1 - b1**k):
+  # the first term is at most b1 C sqrt(v_hat_k) by the same argument (as
+  # 1 - b1**(k + 1) >= 1 - b1**k), the second at most
+  # sqrt(v_hat_k / (1 - b2)), because v_k >= (1 - b2) g_k**2,
+  # 1 - b2**k <= 1 and (1 - b1) / (1 - b1**k) <= 1. So the Nesterov bound
+  # is b1 C + 1 / sqrt(1 - b2). For b1 >= sqrt(b2) the geometric sum does
+  # not converge: there is no finite bound.
+  if isinstance(b1, jax.Array) or isinstance(b2, jax.Array):
+    b1 = jnp.asarray(b1, jnp.float32)
+    b2 = jnp.asarray(b2, jnp.float32)
+    finite = (b1 < jnp.sqrt(b2)) & (b2 < 1.0)
+    b1 = jnp.where(finite, b1, 0.0)  # Any values with a finite bound.
+    b2 = jnp.where(finite, b2, 0.25)
+    c = (1.0 - b1) / (jnp.sqrt(1.0 - b2) * (1.0 - b1 / jnp.sqrt(b2)))
+    if nesterov:
+      c = b1 * c + 1.0 / jnp.sqrt(1.0 - b2)
+    return jnp.where(finite, c, jnp.inf)
+  b1, b2 = float(b1), float(b2)
+  if not (b1 < math.sqrt(b2) and b2 < 1.0):
+    return math.inf
+  c = (1.0 - b1) / (math.sqrt(1.0 - b2) * (1.0 - b1 / math.sqrt(b2)))
+  return b1 * c + 1.0 / math.sqrt(1.0 - b2) if nesterov else c
+
+
 def scale_by_adam_local_age(
     b1: jax.typing.ArrayLike = 0.9,
     b2: jax.typing.ArrayLike = 0.999,
@@ -499,23 +687,40 @@ def scale_by_adam_local_age(
 
   .. math::
     \hat m_t = \frac{m_t}{1 - \beta_1^{k_m}}, \qquad
-    \hat v_t = \frac{v_t}{1 - \beta_2^{k_v}}.
+    \hat v_t = \frac{v_t}{1 - \beta_2^{k_v}}, \qquad
+    u_t = \operatorname{clip}\left(
+      \frac{\hat m_t}{\sqrt{\hat v_t + \epsilon_{root}} + \epsilon},
+      -C, C\right).
 
-  Without resets both ages equal ``count`` and this is ``optax.scale_by_adam``
-  bit for bit. With :func:`reset_state` zeroing ``nu`` and ``count_nu``
-  together, the second moment restarts like a fresh Adam moment while the
-  first moment carries on (asymmetric resets).
+  Adam with one age for both moments obeys
+  :math:`|\hat m_t| / \sqrt{\hat v_t} \le C = (1 - \beta_1) /
+  (\sqrt{1 - \beta_2}\,(1 - \beta_1/\sqrt{\beta_2}))` (for
+  :math:`\beta_1 < \sqrt{\beta_2}`; about 31.8 at the defaults), so the clip
+  never binds without resets and this is ``optax.scale_by_adam`` bit for
+  bit. With :func:`reset_state` zeroing ``nu`` and ``count_nu`` but not
+  ``mu`` (asymmetric resets), the next update divides an old momentum by
+  the square root of a one-step second moment, :math:`|g_t| + \epsilon`,
+  which is unbounded where the current gradient is tiny; the clip limits
+  :math:`\hat m_t` to what the local-age :math:`\hat v_t` allows. With
+  ``nesterov`` the bound is :math:`\beta_1 C + 1/\sqrt{1 - \beta_2}`; for
+  :math:`\beta_1 \ge \sqrt{\beta_2}` there is no finite bound and no clip.
 
   Args:
-    b1: Decay rate of the first moment.
-    b2: Decay rate of the second moment.
-    eps: Added to the denominator.
-    eps_root: Added inside the square root.
+    b1: Decay rate of the first moment, in ``[0, 1)``.
+    b2: Decay rate of the second moment, in ``[0, 1)``.
+    eps: Added to the denominator, ``>= 0``.
+    eps_root: Added inside the square root, ``>= 0``.
     mu_dtype: Optional dtype of the first moment.
     nesterov: Nesterov momentum, as in ``optax.scale_by_adam``.
 
   Returns:
     A :class:`optax.GradientTransformation`.
+
+  Raises:
+    ValueError: for a decay outside ``[0, 1)``, a negative or non-finite
+      ``eps`` or ``eps_root``, or a non-bool ``nesterov`` (Python and NumPy
+      numbers are checked; ``jax.Array`` hyperparameters, as injected by
+      ``optax.inject_hyperparams``, are not).
 
   Examples:
     >>> import jax.numpy as jnp, optax_q
@@ -533,7 +738,20 @@ def scale_by_adam_local_age(
     in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
     State Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (App. A.7)
   """
+  b1 = formats_lib.check_number(b1, 'b1', high=1.0)
+  b2 = formats_lib.check_number(b2, 'b2', high=1.0)
+  eps = formats_lib.check_number(eps, 'eps')
+  eps_root = formats_lib.check_number(eps_root, 'eps_root')
+  nesterov = formats_lib.check_bool(nesterov, 'nesterov')
   mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
+  bound = _update_bound(b1, b2, nesterov)
+
+  def scale(m, v):
+    u = m / (jnp.sqrt(v + eps_root) + eps)
+    if isinstance(bound, float):
+      return u if math.isinf(bound) else jnp.clip(u, -bound, bound)
+    c = bound.astype(u.dtype)
+    return jnp.clip(u, -c, c)
 
   def init_fn(params):
     zero = lambda: jnp.zeros([], jnp.int32)
@@ -556,7 +774,7 @@ def scale_by_adam_local_age(
       mu_hat = optax.tree.bias_correction(mu, b1, k_mu)
     nu_hat = optax.tree.bias_correction(nu, b2, k_nu)
     updates = jax.tree.map(
-        lambda m, v: None if m is None else m / (jnp.sqrt(v + eps_root) + eps),
+        lambda m, v: None if m is None else scale(m, v),
         mu_hat, nu_hat, is_leaf=lambda x: x is None)
     mu = optax.tree.cast(mu, mu_dtype)
     nu = optax.tree.cast_like(nu, state.nu)
@@ -572,28 +790,80 @@ def scale_by_adam_local_age(
 # -----------------------------------------------------------------------------
 
 
+def _auto_period(fmt: Any, b2: Any, given: str) -> int:
+  """:func:`optax_q.reset_period` of the stored second-moment format.
+
+  Args:
+    fmt: The format the second moment is stored in (or None: float32).
+    b2: The second moment's decay.
+    given: The format as the caller named it, for error messages.
+  """
+  if isinstance(b2, jax.Array):
+    raise ValueError(
+        "reset_every='auto' needs a concrete b2 to compute K* when the "
+        'optimizer is built; under optax.inject_hyperparams list b2 in '
+        'static_args, or pass an int period.')
+  if isinstance(b2, np.ndarray) and b2.shape == ():
+    b2 = b2[()]
+  if (isinstance(b2, (bool, np.bool_)) or not isinstance(b2, numbers.Real)
+      or not 0.0 < float(b2) < 1.0):
+    raise ValueError(
+        "reset_every='auto' computes K* from b2, which must lie in (0, 1); "
+        f'got b2={reprlib.repr(b2)}. Pass an int period, or a b2 in (0, 1).')
+  b2 = float(b2)
+  if fmt is None:
+    fmt = formats_lib.get_format('fp32')
+  stored = '' if fmt.name == given else f' (stored as {fmt.name})'
+  try:
+    theory.format_epsilon(fmt)
+  except ValueError as e:
+    raise ValueError(
+        f"reset_every='auto' needs a second-moment format the stall "
+        f'model can describe (bf16, fp16, fp8_e4m3, fp8_e5m2, '
+        f'fp4_e2m1 (stored as fp4_e2m2u), fp4_e2m2u, e{{E}}m{{M}}); got '
+        f'nu_format={given!r}{stored}. Pass an int period instead.') from e
+  try:
+    return theory.reset_period(fmt, b2=b2)
+  except ValueError as e:
+    raise ValueError(
+        f"reset_every='auto' found no reset period for "
+        f'nu_format={given!r}{stored} at b2={b2!r}: {e} Pass an int period '
+        'instead.') from e
+
+
 def resolve_reset_every(
     reset_every: Any,
     nu_format: Any,
-    b2: float,
+    b2: Any,
     rounding: str = 'nearest',
     eps: Any = None,
+    *,
+    b1: Any = None,
 ) -> dict[str, int | str]:
   """``{moment: period or 'adaptive'}`` for a ``reset_every`` argument.
 
-  ``'auto'`` becomes :func:`optax_q.reset_period` of the second moment's
-  format at ``b2`` (``s0 = 0.6``), used for both moments as in the paper.
+  ``'auto'`` becomes :func:`optax_q.reset_period` at ``b2`` (``s0 = 0.6``)
+  of the format the second moment is actually stored in
+  (:func:`optax_q.unsigned_variant` of ``nu_format``: ``fp4_e2m1`` is stored
+  as ``fp4_e2m2u``), used for both moments as in the paper.
 
   Args:
-    reset_every: ``None``, a positive int, ``'auto'``, ``'adaptive'``, or a
-      dict ``{'mu' | 'nu': one of those}``.
-    nu_format: The second moment's format (for ``'auto'``).
+    reset_every: ``None``, an int in ``[1, 2**31 - 1]``, ``'auto'``,
+      ``'adaptive'``, or a dict ``{'mu' | 'nu': one of those}``.
+    nu_format: The second moment's format, a name or :class:`Format` (for
+      ``'auto'`` and the warnings).
     b2: The second moment's decay (for ``'auto'``).
     rounding: For the warning on small predicted stall rates.
     eps: Adam's eps, for the warning on second-moment-only resets.
+    b1: Adam's ``b1``, for the bound quoted in that warning.
 
   Returns:
     The periods of the moments that are reset.
+
+  Raises:
+    ValueError: for a period that is none of the above, for ``'auto'`` with
+      ``b2`` outside ``(0, 1)`` (named first) or a format the stall model
+      does not describe.
   """
   allowed = (AUTO, ADAPTIVE)
   if isinstance(reset_every, Mapping):
@@ -607,24 +877,15 @@ def resolve_reset_every(
   else:
     p = _check_period(reset_every, 'reset_every', allowed)
     raw = {f: p for f in ADAM_MOMENTS}
+  fmt = given = nu_format
+  if fmt is not None:
+    given = formats_lib.get_format(fmt)
+    fmt = formats_lib.unsigned_variant(given)
+  given = 'fp32' if given is None else given.name
   out = {}
   for f, p in raw.items():
     if p == AUTO:
-      if isinstance(b2, jax.Array):
-        raise ValueError(
-            "reset_every='auto' needs a concrete b2 to compute K* when the "
-            'optimizer is built; under optax.inject_hyperparams list b2 in '
-            'static_args, or pass an int period.')
-      fmt = nu_format if nu_format is not None else 'fp32'
-      name = getattr(fmt, 'name', fmt)
-      try:
-        p = theory.reset_period(fmt, b2=b2)
-      except ValueError as e:
-        raise ValueError(
-            f"reset_every='auto' needs a second-moment format the stall "
-            f'model can describe (bf16, fp16, fp8_e4m3, fp8_e5m2, '
-            f'fp4_e2m2u, e{{E}}m{{M}}); got nu_format={name!r}. Pass an int '
-            'period instead.') from e
+      p = _auto_period(fmt, b2, given)
     if p is not None:
       out[f] = p
   for f, p in out.items():
@@ -632,16 +893,27 @@ def resolve_reset_every(
       warnings.warn(
           f'reset period {p} for {f!r}: every update restarts the moment, '
           'which turns Adam into sign descent.', stacklevel=3)
-  if ('nu' in out and 'mu' not in out and isinstance(eps, (int, float))
-      and eps < 1e-6):
+  if 'nu' in out and out.get('mu') != out['nu']:
+    try:
+      bound = f'{_update_bound(b1, b2, False):.3g}'
+    except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+      bound = '(1 - b1) / (sqrt(1 - b2) (1 - b1 / sqrt(b2)))'
+    small_eps = (isinstance(eps, numbers.Real) and not isinstance(eps, bool)
+                 and eps < 1e-6)
     warnings.warn(
-        f'Resetting nu without mu at eps={eps}: the first update after each '
-        'reset divides the carried-over momentum by |g| + eps of a single '
-        'step, which explodes where the current gradient is tiny (our GPT '
-        'ablation diverged at eps=1e-8 and trained at the paper\'s 1e-6). '
-        'Use eps >= 1e-6 or reset both moments.', stacklevel=3)
-  fmt = nu_format
-  if out and fmt is not None and not getattr(fmt, 'is_identity', False):
+        f'Resetting nu without mu (reset_every={reset_every!r}): the first '
+        'update after each such reset divides the carried-over momentum by '
+        'the square root of a one-step second moment, |g| + eps, which is '
+        'tiny where the current gradient is. The update is clipped to '
+        f"Adam's bound C = {bound} per coordinate (before the learning rate; "
+        'Adam without resets never exceeds it), so such steps can still be '
+        'up to C times the size of an Adam step on a fresh moment. '
+        + ('At eps < 1e-6 this is frequent (our GPT ablation diverged at '
+           "eps=1e-8 without the bound and trained at the paper's 1e-6). "
+           if small_eps else '')
+        + 'Give both moments the same policy to reset them together.',
+        stacklevel=3)
+  if out and fmt is not None and not fmt.is_identity:
     try:
       p_ss = theory.stall_probability(fmt, b2, rounding)
     except (ValueError, TypeError, jax.errors.ConcretizationTypeError):
@@ -649,9 +921,9 @@ def resolve_reset_every(
     if p_ss is not None and p_ss < 0.5:
       warnings.warn(
           f'Resets enabled, but the predicted steady-state stall rate of '
-          f'nu_format={getattr(fmt, "name", fmt)!r} at b2={b2} is only '
-          f'{p_ss:.2f}; resets are not indicated there.', stacklevel=3)
-  elif out and (fmt is None or getattr(fmt, 'is_identity', False)):
+          f'nu_format={given!r} at b2={b2} is only {p_ss:.2f}; resets '
+          'are not indicated there.', stacklevel=3)
+  elif out:
     warnings.warn(
         'Resets enabled on float32 moments: they do not stall, and the paper '
         'finds resets slightly hurt there.', stacklevel=3)
@@ -682,13 +954,22 @@ def adam_with_resets(
   no moment reset (or a period longer than the run) the updates equal those
   of ``quantize_state(optax.scale_by_adam(...))`` bit for bit.
 
+  Moments given the same policy (an int, ``'auto'`` or ``'adaptive'`` for
+  both, or equal dict entries) are reset **together**: when the rule fires
+  for either, both moments and both ages restart, so every update after a
+  reset is a fresh Adam step. Moments with different policies are reset
+  separately; then a second moment may restart under an old first moment,
+  and :func:`scale_by_adam_local_age` clips that update to Adam's bound
+  ``C`` (see there), with a warning at construction.
+
   Args:
     reset_every: ``None``, a positive int period for both moments,
-      ``'auto'`` (the stall model's ``K*`` for the second moment's format and
-      ``b2``, used for both moments), ``'adaptive'`` (Algorithm 2, each
-      moment on its own measured stall fraction), or a dict such as
-      ``{'nu': 300}`` (the paper's best FP8 policy: ``mu`` never reset;
-      needs ``eps >= 1e-6``, see the warning it raises otherwise).
+      ``'auto'`` (the stall model's ``K*`` for the format the second moment
+      is stored in and ``b2``, used for both moments), ``'adaptive'``
+      (Algorithm 2 on each moment's measured stall fraction; both moments
+      reset when either rule fires), or a dict such as ``{'nu': 300}`` (the
+      paper's asymmetric FP8 policy: ``mu`` never reset; its updates after
+      a reset are bounded by ``C`` only, see the warning it raises).
     b1: First-moment decay.
     b2: Second-moment decay.
     eps: Added to the denominator.
@@ -708,6 +989,11 @@ def adam_with_resets(
   Returns:
     A gradient transformation whose state is a :class:`ResetState`.
 
+  Raises:
+    ValueError: at construction, naming the argument: see
+      :func:`reset_state` and :func:`resolve_reset_every`; with
+      ``'adaptive'`` and no ``decay``, ``b2`` must lie in ``(0, 1)``.
+
   References:
     Topollai & Choromanska, `Understanding Quantization of Optimizer States
     in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
@@ -719,11 +1005,24 @@ def adam_with_resets(
     nu_format = formats_lib.get_format(nu_format)
   periods = resolve_reset_every(
       reset_every, nu_format, b2, transform.leaf_rounding(rounding, 'nu'),
-      eps)
+      eps, b1=b1)
+  groups = ((ADAM_MOMENTS,) if 'mu' in periods
+            and periods.get('mu') == periods.get('nu') else ())
+  adaptive = ADAPTIVE in periods.values()
+  if decay is None:
+    if adaptive and not isinstance(b2, jax.Array):
+      try:
+        decay = _check_unit(b2, 'b2')
+      except ValueError as e:
+        raise ValueError(
+            "reset_every='adaptive' uses b2 as the decay of its "
+            f'statistical-error term, so b2 must lie in (0, 1); got '
+            f'b2={reprlib.repr(b2)}.') from e
+    else:
+      decay = b2 if adaptive else 0.999  # Periodic resets do not read it.
   inner = transform.quantize_state(
       scale_by_adam_local_age(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                               nesterov=nesterov),
       formats, rounding=rounding, block_size=block_size, seed=seed,
       min_size=min_size, elementwise=True, track_stalls=track_stalls)
-  return reset_state(inner, periods, decay=b2 if decay is None else decay,
-                     s0=s0)
+  return reset_state(inner, periods, decay=decay, s0=s0, groups=groups)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 import statistics
 from typing import Any
 
@@ -86,12 +87,19 @@ _SUPPORTED_MSG = (
     'The stall model needs a floating-point format with a mantissa; supported:'
     f' {", ".join(SUPPORTED_FORMATS)} (simulated e{{E}}m{{M}} with'
     ' 1 <= E <= 8, 0 <= M <= 23), or an object with `name` and an integer'
-    ' `mantissa_bits`. fp32, int8, int4 and int8_dynamic are not described.')
+    ' `mantissa_bits` in [0, 23]. fp32, int8, int4 and int8_dynamic are not'
+    ' described.')
 
 # E|z - 1| for z ~ chi-squared(1): 4 phi(1), phi the standard normal density.
 _MU1 = 4.0 * math.exp(-0.5) / math.sqrt(2.0 * math.pi)
 _MEAN_MANTISSA = 1.0 / math.log(2.0)
 _MAX_PERIOD = 10**7
+# The longest scan over steps (reset_period's max_period, cycle_staleness's
+# period): done in chunks of _CHUNK steps, so memory stays O(1), but the time
+# grows with it (about 10 s at this bound).
+_MAX_SCAN = 10**8
+# Step counts up to here are exact in float64.
+_MAX_STEPS = 2**53
 _CHUNK = 1 << 15
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -104,10 +112,15 @@ _NORMAL = statistics.NormalDist()
 
 
 def _open_unit(value: Any, name: str, allowed: str = '(0, 1)') -> float:
-  """``float(value)``, checked to lie in the open interval (0, 1)."""
-  if isinstance(value, (str, bytes)):
+  """``float(value)``, checked to lie in the open interval (0, 1).
+
+  Python and NumPy numbers (0-d arrays too) are accepted; strings, arrays
+  with more than one dimension and NaN are not.
+  """
+  if isinstance(value, (str, bytes)) or np.ndim(value) != 0:
     raise ValueError(
-        f'{name} must be a real number in {allowed}, got {value!r}.')
+        f'{name} must be a real number in {allowed}, got '
+        f'{reprlib.repr(value)}.')
   try:
     x = float(value)
   except (TypeError, ValueError) as e:
@@ -125,6 +138,9 @@ def _check_b2(b2: Any) -> float:
 
 
 def _check_p_init(p_init: Any) -> float:
+  if isinstance(p_init, (str, bytes)) or np.ndim(p_init) != 0:
+    raise ValueError(
+        f'p_init must be a real number in [0, 1), got {reprlib.repr(p_init)}.')
   try:
     x = float(p_init)
   except (TypeError, ValueError) as e:
@@ -142,19 +158,38 @@ def _check_rounding(rounding: Any) -> str:
   return rounding
 
 
-def _check_steps(value: Any, name: str, minimum: int) -> np.ndarray:
-  """Integer step counts ``>= minimum`` as an int64 array."""
-  arr = np.asarray(value)
-  if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-    if not (np.issubdtype(arr.dtype, np.floating)
-            and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
-      raise ValueError(
-          f'{name} must be an integer (or array of integers) >= {minimum}, '
-          f'got {value!r}.')
+def _check_steps(value: Any, name: str, minimum: int,
+                 maximum: int = _MAX_STEPS, *, scalar: bool = False):
+  """Integer step counts in ``[minimum, maximum]`` as int64.
+
+  Python and NumPy integers (and integral floats) are accepted, alone or in
+  arrays; bools, strings, NaN, inf and fractions are not. Returns an int64
+  array, or a Python int when ``scalar``.
+  """
+  what = 'an integer' if scalar else 'an integer (or array of integers)'
+  bound = {_MAX_STEPS: '2**53', _MAX_SCAN: '10**8'}.get(maximum, maximum)
+  want = f'{name} must be {what} in [{minimum}, {bound}]'
+  if isinstance(value, (str, bytes, bool, np.bool_)):
+    raise ValueError(f'{want}, got {reprlib.repr(value)}.')
+  try:
+    arr = np.asarray(value)
+    if arr.dtype.kind == 'O':  # Python ints beyond int64, or mixed objects.
+      arr = arr.astype(np.float64)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        f'{want}, got {reprlib.repr(value)}. (These functions run at '
+        'construction time, on concrete numbers.)') from e
+  if scalar and arr.ndim:
+    raise ValueError(f'{want}, got an array of shape {arr.shape}.')
+  if arr.dtype.kind == 'f':
+    if not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
+      raise ValueError(f'{want}, got {reprlib.repr(value)}.')
+  elif arr.dtype.kind not in 'iu':
+    raise ValueError(f'{want}, got {reprlib.repr(value)}.')
+  if arr.size and (np.any(arr < minimum) or np.any(arr > maximum)):
+    raise ValueError(f'{want}, got {reprlib.repr(value)}.')
   arr = arr.astype(np.int64)
-  if np.any(arr < minimum):
-    raise ValueError(f'{name} must be >= {minimum}, got {value!r}.')
-  return arr
+  return int(arr) if scalar else arr
 
 
 def _mantissa_bits(fmt: Any) -> int:
@@ -185,10 +220,10 @@ def _mantissa_bits(fmt: Any) -> int:
         f'fmt={name!r} has no mantissa grid the stall model can describe. '
         f'{_SUPPORTED_MSG}')
   if (isinstance(mbits, bool) or not isinstance(mbits, (int, np.integer))
-      or mbits < 0):
+      or not 0 <= mbits <= 23):
     raise ValueError(
-        f'fmt={name!r} has mantissa_bits={mbits!r}; expected an int >= 0. '
-        f'{_SUPPORTED_MSG}')
+        f'fmt={name!r} has mantissa_bits={mbits!r}; expected an int in '
+        f'[0, 23]. {_SUPPORTED_MSG}')
   return int(mbits)
 
 
@@ -638,14 +673,20 @@ def cycle_staleness(
 
   Args:
     fmt: The second moment's storage format (see :func:`format_epsilon`).
-    period: Reset period :math:`K`, an int ``>= 1``.
+    period: Reset period :math:`K`, an int in ``[1, 10**8]``. The sum is
+      taken in chunks (constant memory); once :math:`\beta_2^j` is below
+      ``2**-60`` its terms are constant and summed at once.
     b2: EMA decay rate of the second moment, in ``(0, 1)``.
     s0: Staleness tolerance :math:`s_0` in ``(0, 1)``.
     asymptotic: Use the :math:`\hat\rho \ge 1` form for every
       :math:`\hat\rho`.
 
   Returns:
-    :math:`\bar S_{s_0}(K)` in ``[0, 1)``, a Python float.
+    :math:`\bar S_{s_0}(K)` in ``[0, 1]``, a Python float.
+
+  Raises:
+    ValueError: naming the argument, for a ``period`` that is not an
+      integer in ``[1, 10**8]``, or a bad ``fmt``, ``b2`` or ``s0``.
 
   Examples:
     >>> import optax_q
@@ -658,10 +699,20 @@ def cycle_staleness(
     Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Eq. 22)
   """
   rho = effective_precision_ratio(fmt, b2)
+  b2 = float(b2)
   s0 = _open_unit(s0, 's0')
-  k = int(_check_steps(period, 'period', 1))
-  j = np.arange(1, k + 1, dtype=np.int64)
-  return float(np.mean(_normalized_excess(rho, float(b2), s0, j, asymptotic)))
+  k = _check_steps(period, 'period', 1, _MAX_SCAN, scalar=True)
+  # Once b2**j < 2**-60, phi_j = 1 - b2**j rounds to 1 and every later term
+  # equals the steady-state one: sum the rest in one product.
+  flat = max(1, math.ceil(-60.0 * math.log(2.0) / math.log(b2)))
+  total = 0.0
+  for start in range(1, min(k, flat) + 1, _CHUNK):  # O(_CHUNK) memory.
+    j = np.arange(start, min(start + _CHUNK, k + 1, flat + 1), dtype=np.int64)
+    total += float(np.sum(_normalized_excess(rho, b2, s0, j, asymptotic)))
+  if k > flat:
+    tail = _normalized_excess(rho, b2, s0, np.array([flat]), asymptotic)
+    total += (k - flat) * float(tail[0])
+  return total / k
 
 
 def reset_period(
@@ -702,7 +753,8 @@ def reset_period(
       :math:`P(j) \approx F((1 + \hat\rho)(1 - \beta_2^j))` for every
       :math:`\hat\rho` (it differs from the default only where
       :math:`\hat\rho < 1`).
-    max_period: Give up (``ValueError``) beyond this many steps.
+    max_period: Give up (``ValueError``) beyond this many steps, an int in
+      ``[1, 10**8]``.
 
   Returns:
     :math:`K^*`, a Python int.
@@ -720,7 +772,8 @@ def reset_period(
   rho = effective_precision_ratio(fmt, b2)
   b2 = float(b2)
   s0 = _open_unit(s0, 's0')
-  max_period = int(_check_steps(max_period, 'max_period', 1))
+  max_period = _check_steps(max_period, 'max_period', 1, _MAX_SCAN,
+                            scalar=True)
   total = 0.0
   for start in range(1, max_period + 1, _CHUNK):
     k = np.arange(start, min(start + _CHUNK, max_period + 1), dtype=np.int64)

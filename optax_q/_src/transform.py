@@ -178,14 +178,15 @@ def _check_formats(formats: FormatSpec) -> FormatSpec:
   if formats is None or callable(formats) and not isinstance(formats, Format):
     return formats
   if isinstance(formats, (str, Format)):
-    return formats_lib.get_format(formats)
+    return formats_lib.check_format(formats, 'formats')
   if isinstance(formats, Mapping):
     out = {}
     for key, fmt in formats.items():
       if not isinstance(key, str):
         raise ValueError(
             f'formats keys must be state field names (str), got {key!r}.')
-      fmt = None if fmt is None else formats_lib.get_format(fmt)
+      fmt = (None if fmt is None
+             else formats_lib.check_format(fmt, f'formats[{key!r}]'))
       if fmt is not None and not fmt.signed and key not in NONNEGATIVE_FIELDS:
         raise ValueError(
             f'formats[{key!r}]={fmt.name!r} is unsigned, but {key!r} is a '
@@ -261,6 +262,20 @@ def _check_rounding(rounding: Any) -> str | dict[str, str]:
   return formats_lib.check_rounding(rounding)
 
 
+def check_storage_args(*, rounding: Any, block_size: Any, seed: Any,
+                       min_size: Any) -> tuple[Any, int, int, int]:
+  """Checks the storage arguments of :func:`quantize_state`.
+
+  Returns ``(rounding, block_size, seed, min_size)``, the numbers as Python
+  ints; a ValueError names the bad argument and the allowed values.
+  """
+  hint = formats_lib.STATIC_HINT
+  return (_check_rounding(rounding),
+          formats_lib.check_block_size(block_size),
+          formats_lib.check_seed(seed, hint=hint),
+          formats_lib.check_int(min_size, 'min_size', hint=hint))
+
+
 def leaf_rounding(rounding: str | Mapping[str, str],
                   field: str | None) -> str:
   """The rounding of a leaf of ``field`` (unlisted fields: stochastic)."""
@@ -311,10 +326,11 @@ def quantize_state(
       (unbiased, from a counter-based hash of seed, step, leaf and element),
       or a dict ``{field: rounding}`` such as ``{'mu': 'nearest', 'nu':
       'stochastic'}`` (unlisted fields round stochastically).
-    seed: Seed of the stochastic rounding.
+    seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``.
     min_size: Leaves with fewer elements stay unquantized (bitsandbytes uses
       4096).
-    block_size: Elements per scale along the last axis for block scaling.
+    block_size: Elements per scale along the last axis for block scaling,
+      an even int in ``[2, 2**20]``.
     scale: ``'block'``, ``'row'``, ``'tensor'`` or ``'none'``; the default is
       ``'block'`` for formats with a narrow range and ``'none'`` for ``bf16``
       and ``fp16``.
@@ -353,31 +369,21 @@ def quantize_state(
     Li et al, `Memory Efficient Optimizers with 4-bit States
     <https://arxiv.org/abs/2309.01507>`_, 2023
   """
+  if not (callable(getattr(inner, 'init', None))
+          and callable(getattr(inner, 'update', None))):
+    raise ValueError(
+        'inner must be an Optax GradientTransformation (with init and '
+        f'update), got {type(inner).__name__}.')
   formats = _check_formats(formats)
-  rounding = _check_rounding(rounding)
-  block_size = formats_lib.check_block_size(block_size)
+  rounding, block_size, seed, min_size = check_storage_args(
+      rounding=rounding, block_size=block_size, seed=seed, min_size=min_size)
   if scale is not None:
     scale = formats_lib.check_scale(scale)
-  static_hint = (' (Under optax.inject_hyperparams, list it in static_args: '
-                 'it decides the state layout.)')
-  if not isinstance(seed, int) or isinstance(seed, bool):
-    raise ValueError(
-        f'seed must be a Python int, got {seed!r}.'
-        + (static_hint if isinstance(seed, jax.Array) else ''))
-  if (not isinstance(min_size, int) or isinstance(min_size, bool)
-      or min_size < 0):
-    raise ValueError(
-        f'min_size must be a non-negative Python int, got {min_size!r}.'
-        + (static_hint if isinstance(min_size, jax.Array) else ''))
-  for flag, value in (('elementwise', elementwise),
-                      ('track_stalls', track_stalls)):
-    if not isinstance(value, bool):
-      raise ValueError(f'{flag} must be a bool, got {value!r}.')
-  if tile_size is not None and (
-      not isinstance(tile_size, int) or isinstance(tile_size, bool)
-      or tile_size < 1):
-    raise ValueError(
-        f'tile_size must be a positive int or None, got {tile_size!r}.')
+  elementwise = formats_lib.check_bool(elementwise, 'elementwise')
+  track_stalls = formats_lib.check_bool(track_stalls, 'track_stalls')
+  if tile_size is not None:
+    tile_size = formats_lib.check_int(
+        tile_size, 'tile_size', low=1, what='a positive int or None')
   if isinstance(formats, Mapping) or isinstance(rounding, Mapping):
     known = _probe_fields(inner)
     if isinstance(formats, Mapping):

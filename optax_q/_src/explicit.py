@@ -1,0 +1,98 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Arrays whose type carries their sharding (mesh axes of type Explicit).
+
+On a mesh with ``Explicit`` axes (``jax.make_mesh``'s default),
+``jax.typeof(x).sharding`` says how ``x`` is laid out, and a reshape that
+splits or merges a sharded axis must be told the sharding of its result, or
+it raises ``ShardingTypeError``. On an ``Auto`` mesh, and outside any mesh,
+the type names no mesh axis: these helpers then find nothing to do, and the
+compiler places the data as before.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+
+
+def axes_size(mesh, axes) -> int:
+  """Devices along the mesh axes of one ``PartitionSpec`` entry."""
+  if axes is None:
+    return 1
+  if isinstance(axes, str):
+    axes = (axes,)
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+def sharding_of(x: Any) -> NamedSharding | None:
+  """The sharding in ``x``'s type, or None where it names no mesh axis."""
+  try:
+    sharding = jax.typeof(x).sharding
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if not isinstance(sharding, NamedSharding) or all(
+      p is None for p in sharding.spec):
+    return None
+  return sharding
+
+
+def spec_of(x: Any) -> tuple[Any, ...] | None:
+  """One ``PartitionSpec`` entry per axis of ``x``, or None (see above)."""
+  sharding = sharding_of(x)
+  if sharding is None:
+    return None
+  spec = tuple(sharding.spec)
+  return spec + (None,) * (len(x.shape) - len(spec))
+
+
+def divides(x: Any, axis: int, size: int) -> bool:
+  """Whether ``x``'s mesh axes along ``axis`` divide ``size`` entries."""
+  spec = spec_of(x)
+  if spec is None:
+    return True
+  return size % axes_size(sharding_of(x).mesh, spec[axis]) == 0
+
+
+def with_spec(x: Any, spec) -> NamedSharding:
+  """``x``'s (explicit) sharding with its ``PartitionSpec`` replaced."""
+  return sharding_of(x).update(spec=PartitionSpec(*spec))
+
+
+def replicate_last_axis(x: jax.Array) -> jax.Array:
+  """``x`` with its last axis gathered, its other axes sharded as they are.
+
+  For a reshape whose result can't be sharded like ``x``: the blocks of a
+  block-scaled axis, or the byte pairs of a packed one, that straddle
+  shards.
+  """
+  spec = spec_of(x)
+  if spec is None or spec[-1] is None:
+    return x
+  return jax.sharding.reshard(x, with_spec(x, spec[:-1] + (None,)))
+
+
+def reshard(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:
+  """``x`` sharded as ``sharding`` (None, or already so: ``x`` itself)."""
+  if sharding is None:
+    return x
+  spec = spec_of(x) or (None,) * x.ndim
+  want = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+  if spec == want:
+    return x
+  return jax.sharding.reshard(x, sharding)
