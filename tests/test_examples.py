@@ -72,13 +72,16 @@ def _quiet(fn, *args):
 
 
 def _docs_status():
-  """``git status`` of ``docs/``, untracked files included."""
+  """``git status`` of ``docs/``, untracked files included.
+
+  ``None`` outside a git checkout, where the checks then compare nothing.
+  """
   try:
     return subprocess.run(
         ['git', 'status', '--porcelain', '--untracked-files=all', 'docs'],
         cwd=_ROOT, capture_output=True, text=True, check=True).stdout
   except (OSError, subprocess.CalledProcessError):
-    raise absltest.SkipTest('not a git checkout') from None
+    return None
 
 
 class _DocsUnchanged(absltest.TestCase):

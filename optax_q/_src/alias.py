@@ -112,10 +112,11 @@ def adamw(
     min_size: Leaves with fewer elements keep float32 state.
     reset_every: ``None`` (no resets), a positive int period for both
       moments, ``'auto'`` (the stall model's ``K*`` for ``nu_format`` and
-      ``b2``, see :func:`reset_period`), ``'adaptive'`` (reset a moment when
-      its measured stalled fraction builds up; Algorithm 2 of the staleness
-      paper), or a dict per moment such as ``{'nu': 300}`` (the paper's best
-      fp8 policy: ``mu`` never reset; use it with ``eps >= 1e-6``). Each
+      ``b2``, see :func:`reset_period`), ``'adaptive'`` (reset both moments
+      when the measured stalled fraction of either builds up; Algorithm 2 of
+      the staleness paper), or a dict per moment such as ``{'nu': 300}``
+      (the paper's best fp8 policy: ``mu`` never reset; use it with
+      ``eps >= 1e-6``). Each
       moment is bias-corrected by its local age since its last reset. See
       :func:`reset_state`.
     nesterov: Nesterov momentum, as in ``optax.adamw``.

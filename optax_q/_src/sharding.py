@@ -19,28 +19,28 @@ blocks), so the parameter's ``PartitionSpec`` applies to its codes and to its
 scales unchanged, as long as every sharded axis still divides by its mesh
 axes after blocking and packing. Where it does not, that axis of that buffer
 is replicated (or, with ``strict=True``, a ``ValueError`` says which leaf and
-which axis).
+which axis). On a mesh with ``Explicit`` axes, ``init`` and ``update`` give
+their state exactly these shardings.
+
+``optax.tree_utils.tree_map_params(tx, f, state)`` maps ``f`` over every
+codes and scales buffer of a quantized state, but it can't pair them with a
+tree shaped like the parameters (``tree_map_params(tx, f, state, specs)``):
+a QArray holds two buffers where that tree has one leaf, a pytree structure
+error. :func:`state_shardings` is the way to derive a quantized state's
+shardings from the parameters'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
+from optax_q._src import explicit
 from optax_q._src import qarray as qarray_lib
-
-
-def _axes_size(mesh, axes) -> int:
-  if axes is None:
-    return 1
-  if isinstance(axes, str):
-    axes = (axes,)
-  return math.prod(mesh.shape[a] for a in axes)
 
 
 def _fit(sharding: NamedSharding, shape, *, strict: bool, what: str
@@ -55,7 +55,7 @@ def _fit(sharding: NamedSharding, shape, *, strict: bool, what: str
                          memory_kind=sharding.memory_kind)
   out = []
   for axis, (dim, axes) in enumerate(zip(shape, spec)):
-    size = _axes_size(mesh, axes)
+    size = explicit.axes_size(mesh, axes)
     if dim % size == 0:
       out.append(axes)
       continue
@@ -97,6 +97,55 @@ def _replicated(tree, mesh):
   return jax.tree.map(rep, tree, is_leaf=qarray_lib.is_qarray)
 
 
+def _is_buffer(x) -> bool:
+  """Whether ``x`` is a per-parameter buffer: a QArray or a float array of
+  rank >= 1 (step counters, keys and telemetry scalars are not)."""
+  if qarray_lib.is_qarray(x):
+    return True
+  return (hasattr(x, 'shape') and hasattr(x, 'dtype') and len(x.shape) >= 1
+          and jax.numpy.issubdtype(x.dtype, jax.numpy.floating))
+
+
+def _describe(x) -> str:
+  if qarray_lib.is_qarray(x):
+    return f'a QArray of shape {x.shape}'
+  return f'a {jax.numpy.dtype(x.dtype).name}{list(x.shape)} array'
+
+
+def _check_param_shardings(param_shardings):
+  """The leaves and their paths, after checking that they can be used."""
+  if param_shardings is None:
+    raise ValueError(
+        'param_shardings is None; pass the parameters\' shardings, a tree of '
+        'jax.sharding.NamedSharding with the parameters\' structure.')
+  flat = jax.tree_util.tree_flatten_with_path(
+      param_shardings, is_leaf=lambda x: x is None)[0]
+  for path, s in flat:
+    if not isinstance(s, NamedSharding):
+      hint = ''
+      if isinstance(s, PartitionSpec):
+        hint = ' Wrap each spec as NamedSharding(mesh, spec).'
+      elif s is None:
+        hint = (' Give every parameter a sharding (NamedSharding(mesh, P()) '
+                'replicates it).')
+      raise ValueError(
+          'param_shardings must be a tree of jax.sharding.NamedSharding, '
+          f'but param_shardings{jax.tree_util.keystr(path)} is {s!r}.'
+          + hint)
+  if not flat:
+    raise ValueError(
+        'param_shardings must be a non-empty tree of '
+        f'jax.sharding.NamedSharding, got {param_shardings!r}.')
+  path0, s0 = flat[0]
+  for path, s in flat[1:]:
+    if s.mesh != s0.mesh:
+      raise ValueError(
+          'All param_shardings must be on one mesh, but '
+          f'param_shardings{jax.tree_util.keystr(path0)} is on {s0.mesh} '
+          f'and param_shardings{jax.tree_util.keystr(path)} on {s.mesh}.')
+  return flat
+
+
 def state_shardings(
     state: Any,
     param_shardings: Any,
@@ -111,19 +160,32 @@ def state_shardings(
   :class:`QArray` gives it to its codes and to its scales. Everything else
   (step counters, telemetry scalars) is replicated over the same mesh.
 
+  This is how to derive a quantized state's shardings: Optax's
+  ``tree_map_params`` can't pair a QArray's two buffers with one leaf of a
+  parameter-shaped tree.
+
   Args:
     state: The optimizer state, concrete or abstract (from
       ``jax.eval_shape(tx.init, params)``).
-    param_shardings: A tree of ``jax.sharding.NamedSharding`` with the
-      parameters' structure.
+    param_shardings: A tree of ``jax.sharding.NamedSharding``, all on one
+      mesh, with the parameters' structure (or one ``NamedSharding`` when
+      the parameters are one array).
     strict: Raise a ``ValueError`` when an axis of a state buffer can't be
       sharded like its parameter's (a block count or a packed length that
-      the mesh axes do not divide) instead of replicating that axis.
+      the mesh axes do not divide) instead of replicating that axis, and
+      when a buffer (a QArray or a float array of rank >= 1) lies outside
+      every subtree laid out like the parameters.
 
   Returns:
     A tree like ``state`` (QArrays included) with ``NamedSharding`` leaves,
     for ``jax.jit(..., in_shardings=..., out_shardings=...)`` or
     ``jax.device_put``.
+
+  Raises:
+    ValueError: ``param_shardings`` is not a non-empty tree of
+      ``NamedSharding`` on one mesh; or no subtree of ``state`` is laid out
+      like it although ``state`` holds buffers (the tree does not match the
+      parameters); or, with ``strict``, as described above.
 
   Examples:
     >>> import jax, jax.numpy as jnp, optax_q
@@ -137,25 +199,30 @@ def state_shardings(
     >>> shardings[0].inner_state.mu['w'].scale.spec
     P(None, 'model')
   """
-  param_leaves, param_def = jax.tree.flatten(param_shardings)
-  if not param_leaves or not all(
-      isinstance(s, NamedSharding) for s in param_leaves):
-    raise ValueError(
-        'param_shardings must be a non-empty tree of NamedSharding, got '
-        f'{param_shardings!r}.')
+  flat = _check_param_shardings(param_shardings)
+  param_def = jax.tree.structure(param_shardings)
+  param_leaves = [s for _, s in flat]
+  names = [jax.tree_util.keystr(p) for p, _ in flat]
   mesh = param_leaves[0].mesh
-
-  names = [jax.tree_util.keystr(p) for p, _ in
-           jax.tree_util.tree_flatten_with_path(param_shardings)[0]]
   single = param_def.num_nodes == 1  # The params are one array.
+  matched = []  # Paths of the subtrees laid out like the parameters.
+  stray = []  # (path, leaf) of buffers outside them.
 
   def is_leaf(x):
     return qarray_lib.is_qarray(x) or jax.tree_util.all_leaves([x])
+
+  def replicate(node, path):
+    for p, x in jax.tree_util.tree_flatten_with_path(
+        node, is_leaf=qarray_lib.is_qarray)[0]:
+      if _is_buffer(x):
+        stray.append((path + jax.tree_util.keystr(p), x))
+    return _replicated(node, mesh)
 
   def visit(node, path):
     if node is None:
       return None
     if single and is_leaf(node):
+      matched.append(path)
       return _leaf_sharding(node, param_leaves[0], strict=strict,
                             what=f'state{path}')
     if not single and not is_leaf(node):
@@ -165,14 +232,29 @@ def state_shardings(
         leaves = None
       if leaves is not None and any(
           qarray_lib.is_qarray(x) or hasattr(x, 'shape') for x in leaves):
+        matched.append(path)
         return param_def.unflatten([
             _leaf_sharding(x, s, strict=strict, what=f'state{path}{n}')
             for x, s, n in zip(leaves, param_leaves, names)])
     if is_leaf(node):
-      return _replicated(node, mesh)
+      return replicate(node, path)
     children, node_def = jax.tree_util.tree_flatten_with_path(
         node, is_leaf=lambda y: y is not node)
     return node_def.unflatten([
         visit(c, path + jax.tree_util.keystr(p)) for p, c in children])
 
-  return visit(state, '')
+  out = visit(state, '')
+  if stray and (strict or not matched):
+    path, x = stray[0]
+    params_like = ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
+    reason = ('no subtree of the state is laid out like param_shardings'
+              if not matched else
+              'it lies outside the subtrees laid out like param_shardings '
+              f'({", ".join(f"state{m}" for m in matched[:3])})')
+    raise ValueError(
+        f'state{path} is {_describe(x)}, but {reason}, whose leaves are '
+        f'{params_like} ({len(names)} in all). Pass the shardings of the '
+        'parameters the state was initialised from, in their structure'
+        + ('.' if not matched else
+           ', or strict=False to replicate this buffer.'))
+  return out

@@ -1,0 +1,313 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Every layout on meshes of 8 simulated CPU devices, Explicit and Auto axes.
+
+On a mesh with ``Explicit`` axes (``jax.make_mesh``'s default) every array's
+type carries its sharding, and the reshapes that block, pack and tile the
+state must say how their results are sharded. The grid below holds leaves
+whose state can't simply follow the parameter: three blocks per row on a
+4-way axis, a padded last block, an odd last axis (a pad nibble), a packed
+length the mesh axis does not divide, ranks 1 to 3. Codes, scales, updates
+and new parameters must be the bits of an unsharded run, and on an explicit
+mesh the state's types must be those that ``optax_q.state_shardings``
+gives.
+
+XLA reads ``--xla_force_host_platform_device_count`` when the CPU backend is
+first created, so the flag is set here, before jax is imported; when another
+module created the backend first, ``SubprocessTest`` runs these tests again
+in a fresh interpreter (as ``test_sharding.py`` does).
+"""
+
+import os
+
+_FLAG = '--xla_force_host_platform_device_count=8'
+if _FLAG not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = (
+      os.environ.get('XLA_FLAGS', '') + ' ' + _FLAG).strip()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import functools  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from absl.testing import absltest  # noqa: E402
+from absl.testing import parameterized  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import AxisType  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import optax_q  # noqa: E402
+
+MESHES = {'2x4': ((2, 4), ('x', 'y')), '8': ((8,), ('x',))}
+
+# Per mesh: name -> (shape, the parameter's spec), with block_size=128. A
+# parameter's sharded axes divide by their mesh axes (an explicit mesh
+# requires it); its blocks, or its packed 4-bit bytes, often do not.
+LAYOUTS = {
+    '2x4': {
+        'three_blocks': ((8, 384), P('x', 'y')),  # 3 blocks, 4-way axis.
+        'four_blocks': ((8, 512), P('x', 'y')),  # Scales sharded too.
+        'padded': ((16, 200), P('x', 'y')),  # 2 blocks, the last padded.
+        'odd': ((8, 129), P('x', None)),  # A pad nibble in 4-bit codes.
+        'packed_odd': ((36, 130), P('y', 'x')),  # 65 packed bytes, 2-way.
+        'rank3': ((4, 8, 256), P(None, 'x', 'y')),
+        'rank1': ((4100,), P('x')),  # 33 blocks, the last padded.
+        'one_block': ((64, 64), P('y', 'x')),  # 1 block on a 2-way axis.
+        'replicated': ((16, 256), P()),
+    },
+    '8': {
+        'rank1': ((4096,), P('x')),
+        'rank1_padded': ((4104,), P('x')),  # 33 blocks, 8-way axis.
+        'three_blocks': ((8, 384), P(None, 'x')),
+        'odd': ((16, 131), P('x', None)),
+        'rank3': ((2, 8, 96), P(None, None, 'x')),  # 1 short block.
+    },
+}
+
+AXIS_TYPES = {'explicit': AxisType.Explicit, 'auto': AxisType.Auto}
+
+
+def _skip_unless_8_devices(test):
+  if jax.device_count() < 8:
+    test.skipTest(
+        f'jax was initialised with {jax.device_count()} device(s) before '
+        'this module set XLA_FLAGS; SubprocessTest runs these tests in a '
+        'fresh process with 8 devices')
+
+
+def _mesh(mesh_name, axis_type):
+  shape, names = MESHES[mesh_name]
+  return jax.make_mesh(shape, names,
+                       axis_types=(AXIS_TYPES[axis_type],) * len(shape))
+
+
+def _params(mesh_name):
+  key = jax.random.key(0)
+  return {name: jax.random.normal(jax.random.fold_in(key, i), shape)
+          for i, (name, (shape, _)) in enumerate(
+              sorted(LAYOUTS[mesh_name].items()))}
+
+
+def _grads(step, params):
+  key = jax.random.fold_in(jax.random.key(1), step)
+  return {name: jax.random.normal(jax.random.fold_in(key, i), p.shape)
+          for i, (name, p) in enumerate(sorted(params.items()))}
+
+
+def _param_shardings(mesh, mesh_name):
+  return {name: NamedSharding(mesh, spec)
+          for name, (_, spec) in LAYOUTS[mesh_name].items()}
+
+
+def _bits(x):
+  """The bit pattern of an array (NaNs and signed zeros compare exactly)."""
+  x = np.asarray(x)
+  if x.dtype.kind in 'fV' or x.dtype.itemsize == 1:
+    return x.view(f'u{x.dtype.itemsize}')
+  return x
+
+
+def _assert_bits_equal(test, got, want):
+  flat_got, def_got = jax.tree_util.tree_flatten_with_path(got)
+  flat_want, def_want = jax.tree_util.tree_flatten_with_path(want)
+  test.assertEqual(def_got, def_want)
+  for (path, a), (_, b) in zip(flat_got, flat_want, strict=True):
+    np.testing.assert_array_equal(_bits(a), _bits(b),
+                                  err_msg=jax.tree_util.keystr(path))
+
+
+def _spec(x):
+  """The spec of an (abstract) array's type, one entry per axis."""
+  spec = tuple(jax.typeof(x).sharding.spec)
+  return spec + (None,) * (x.ndim - len(spec))
+
+
+def _assert_types_follow(test, tree, shardings):
+  """Each array's type is sharded as ``shardings`` says (explicit mesh)."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  for (path, x), s in zip(flat, jax.tree.leaves(shardings), strict=True):
+    want = tuple(s.spec) + (None,) * (x.ndim - len(s.spec))
+    test.assertEqual(_spec(x), want, jax.tree_util.keystr(path))
+
+
+def _codec(fmt, scale, rounding):
+  def run(tree):
+    qs = jax.tree.map(
+        lambda x: optax_q.quantize(x, fmt, scale=scale, rounding=rounding,
+                                   seed=3, step=1), tree)
+    return qs, jax.tree.map(optax_q.dequantize, qs,
+                            is_leaf=optax_q.is_qarray)
+  return run
+
+
+@functools.cache
+def _codec_reference(mesh_name, fmt, scale, rounding):
+  return jax.jit(_codec(fmt, scale, rounding))(_params(mesh_name))
+
+
+# (format, scale mode, rounding): every format, and the other scale modes.
+CODECS = (
+    [(f, None, 'stochastic') for f in (
+        'bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1', 'fp4_e2m2u',
+        'int8', 'int8_dynamic', 'int4', 'e3m2')]
+    + [('int4', 'row', 'nearest'), ('int4', 'tensor', 'stochastic'),
+       ('fp8_e4m3', 'tensor', 'nearest'), ('fp8_e4m3', 'none', 'nearest')])
+
+
+class CodecTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    _skip_unless_8_devices(self)
+
+  @parameterized.named_parameters(
+      (f'{m}_{a}', m, a) for m in MESHES for a in AXIS_TYPES)
+  def test_quantize_dequantize_match_unsharded(self, mesh_name, axis_type):
+    mesh = _mesh(mesh_name, axis_type)
+    param_shardings = _param_shardings(mesh, mesh_name)
+    params = jax.device_put(_params(mesh_name), param_shardings)
+    for fmt, scale, rounding in CODECS:
+      with self.subTest(fmt=fmt, scale=scale, rounding=rounding):
+        want = _codec_reference(mesh_name, fmt, scale, rounding)
+        with jax.set_mesh(mesh):
+          got = jax.jit(_codec(fmt, scale, rounding))(params)
+        _assert_bits_equal(self, got, want)
+        if axis_type == 'explicit':
+          # Codes and scales: the types state_shardings says.
+          shardings = optax_q.state_shardings(
+              jax.eval_shape(lambda q=got[0]: q), param_shardings)
+          _assert_types_follow(self, got[0], shardings)
+
+  def test_eager_on_explicit_mesh(self):
+    mesh = _mesh('2x4', 'explicit')
+    x = jax.device_put(_params('2x4')['three_blocks'],
+                       NamedSharding(mesh, P('x', 'y')))
+    q = optax_q.quantize(x, 'int4', rounding='stochastic')
+    self.assertEqual(str(jax.typeof(q.codes)), 'uint8[8@x,192@y]')
+    # Three blocks per row: the 'y' axis of the scales is replicated.
+    self.assertEqual(str(jax.typeof(q.scale)), 'float32[8@x,3]')
+    self.assertEqual(str(jax.typeof(optax_q.dequantize(q))),
+                     'float32[8@x,384@y]')
+    want = optax_q.quantize(np.asarray(x), 'int4', rounding='stochastic')
+    _assert_bits_equal(self, q, want)
+
+
+def _step_fn(tx):
+  def step(params, state, grads):
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, updates
+  return step
+
+
+def _optimizer(name):
+  """The optimizers under test: the drop-in and both quantize_state paths."""
+  if name == 'adamw':
+    return optax_q.adamw(1e-2, mu_format='int4', nu_format='fp8_e4m3',
+                         min_size=0, track_stalls=True)
+  if name == 'adamw_codebooks':
+    return optax_q.adamw(1e-2, mu_format='int8_dynamic',
+                         nu_format='fp4_e2m2u', rounding='nearest',
+                         min_size=0)
+  elementwise = name == 'tiled'
+  return optax.chain(
+      optax_q.quantize_state(
+          optax.scale_by_adam(),
+          {'mu': 'fp4_e2m1' if elementwise else 'int8',
+           'nu': 'int8_dynamic' if elementwise else 'int4'},
+          min_size=0, elementwise=elementwise, tile_size=512),
+      optax.scale(-1e-2))
+
+
+_STEPS = 2
+
+
+@functools.cache
+def _optimizer_reference(mesh_name, name):
+  tx = _optimizer(name)
+  params = _params(mesh_name)
+  state = jax.jit(tx.init)(params)
+  step = jax.jit(_step_fn(tx))
+  out = [(params, state)]
+  for i in range(_STEPS):
+    out.append(step(params, state, _grads(i, _params(mesh_name))))
+    params, state = out[-1][:2]
+  return out
+
+
+class OptimizerTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    _skip_unless_8_devices(self)
+
+  @parameterized.named_parameters(
+      (f'{n}_{m}_{a}', m, a, n) for m in MESHES for a in AXIS_TYPES
+      for n in ('adamw', 'adamw_codebooks', 'whole_tree', 'tiled'))
+  def test_init_and_update_match_unsharded(self, mesh_name, axis_type, name):
+    tx = _optimizer(name)
+    mesh = _mesh(mesh_name, axis_type)
+    param_shardings = _param_shardings(mesh, mesh_name)
+    params = _params(mesh_name)
+    shardings = optax_q.state_shardings(
+        jax.eval_shape(tx.init, params), param_shardings)
+    reference = _optimizer_reference(mesh_name, name)
+    with jax.set_mesh(mesh):
+      p = jax.device_put(params, param_shardings)
+      if axis_type == 'explicit':
+        # The types decide: no shardings given to jit.
+        init, step = jax.jit(tx.init), jax.jit(_step_fn(tx))
+      else:
+        init = jax.jit(tx.init, out_shardings=shardings)
+        step = jax.jit(_step_fn(tx), out_shardings=(
+            param_shardings, shardings, param_shardings))
+      state = init(p)
+      _assert_bits_equal(self, state, reference[0][1])
+      if axis_type == 'explicit':
+        _assert_types_follow(self, state, shardings)
+        types = jax.tree.map(jax.typeof, state)
+      for i in range(_STEPS):
+        out = step(p, state, jax.device_put(_grads(i, params),
+                                            param_shardings))
+        _assert_bits_equal(self, out, reference[i + 1])
+        p, state = out[:2]
+        if axis_type == 'explicit':
+          self.assertEqual(jax.tree.map(jax.typeof, state), types)
+          _assert_types_follow(self, p, param_shardings)  # New params.
+          _assert_types_follow(self, out[2], param_shardings)  # Updates.
+
+
+class SubprocessTest(absltest.TestCase):
+
+  def test_on_8_devices(self):
+    if jax.device_count() >= 8:
+      self.skipTest('the sharded tests run in this process')
+    env = dict(os.environ, XLA_FLAGS=_FLAG, JAX_PLATFORMS='cpu')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, '-m', 'pytest', os.path.abspath(__file__), '-q',
+         '-p', 'no:cacheprovider', '-p', 'no:xdist', '-k',
+         'not SubprocessTest'],
+        env=env, cwd=root, capture_output=True, text=True, timeout=1800,
+        check=False)
+    output = result.stdout[-4000:] + result.stderr[-4000:]
+    self.assertEqual(result.returncode, 0, output)
+    self.assertNotIn('skipped', result.stdout.splitlines()[-1], output)
+
+
+if __name__ == '__main__':
+  absltest.main()
