@@ -428,7 +428,16 @@ def quantize_state(
 
     qstate = jax.tree_util.tree_map_with_path(
         quantize_leaf, state, is_leaf=_is_box)
-    stalled = _stall_tree(qstate, None) if track_stalls else None
+    stalled = None
+    if track_stalls:
+      # The stalled fractions are telemetry, not a copy of the parameters:
+      # where ``optax.tree_map_params`` passed its parameters placeholder,
+      # one scalar stands in for it, so that they are mapped as the other
+      # non-parameters are (their ``None`` holes match no parameter tree).
+      stalled = jax.tree.map(
+          lambda x: jnp.zeros([], jnp.float32)
+          if _is_params_placeholder(x) else x,
+          _stall_tree(qstate, None), is_leaf=_is_params_placeholder)
     return QuantizedState(
         count=jnp.zeros([], jnp.int32), inner_state=qstate, stalled=stalled)
 
@@ -486,6 +495,11 @@ def quantize_state(
         stalled=stalled)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _is_params_placeholder(x) -> bool:
+  """Whether ``x`` is what ``optax.tree_map_params`` passes for the params."""
+  return type(x).__name__ == '_ParamsPlaceholder'
 
 
 def _stall_tree(new, old):
