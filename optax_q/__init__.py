@@ -17,6 +17,7 @@ from optax_q._src.alias import adam
 from optax_q._src.alias import adamw
 from optax_q._src.alias import lion
 from optax_q._src.alias import sgd
+from optax_q._src.formats import FORMAT_ALIASES
 from optax_q._src.formats import FORMAT_NAMES
 from optax_q._src.formats import Format
 from optax_q._src.formats import get_format
@@ -52,7 +53,7 @@ from optax_q._src.transform import QuantizedState
 __version__ = '0.1.0'
 
 __all__ = (
-    'FORMAT_NAMES', 'Format', 'NONNEGATIVE_FIELDS', 'QArray',
+    'FORMAT_ALIASES', 'FORMAT_NAMES', 'Format', 'NONNEGATIVE_FIELDS', 'QArray',
     'QuantizedState', 'adam', 'adamw', 'cycle_staleness', 'dequantize',
     'effective_decay', 'effective_precision_ratio', 'effective_sample_size',
     'format_epsilon', 'get_format', 'is_qarray', 'lion', 'quantize',

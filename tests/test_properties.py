@@ -205,7 +205,8 @@ def _skip_unless_8_devices(test):
 class MeshPropertyTest(absltest.TestCase):
   """Sharded on Auto and Explicit meshes: the unsharded run's bits."""
 
-  @hypothesis.settings(max_examples=16, **SETTINGS)
+  @hypothesis.settings(max_examples=16, phases=(hypothesis.Phase.explicit,
+                       hypothesis.Phase.generate), **SETTINGS)
   @hypothesis.given(problem=problems(rows_multiple=4),
                     fmt=st.sampled_from(SCALED + ('bf16',)),
                     rounding=st.sampled_from(('nearest', 'stochastic')),
@@ -221,12 +222,13 @@ class MeshPropertyTest(absltest.TestCase):
     specs = [P('x'), P('x', 'y'), P(None, 'y'), P()]
     spec = specs[spec_index]
     # Keep the axes the mesh divides (the parameter itself must shard).
-    spec = P(*[a if i < len(shape) and shape[i] % mesh.shape[a] == 0
-               else None for i, a in enumerate(spec)][:len(shape)])
+    spec = P(*[a if a is not None and i < len(shape)
+               and shape[i] % mesh.shape[a] == 0 else None
+               for i, a in enumerate(spec)][:len(shape)])
     tx = _adam(fmt, rounding, block_size=32)
     ref = _run(tx, params, grads)
     psh = {'w': NamedSharding(mesh, spec)}
-    with jax.sharding.use_mesh(mesh):
+    with jax.set_mesh(mesh):
       sparams = jax.device_put(params, psh)
       sgrads = [jax.device_put(g, psh) for g in grads]
       out = _run(tx, sparams, sgrads)

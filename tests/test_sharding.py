@@ -29,6 +29,7 @@ if _FLAG not in os.environ.get('XLA_FLAGS', ''):
       os.environ.get('XLA_FLAGS', '') + ' ' + _FLAG).strip()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import dataclasses  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -305,6 +306,130 @@ class StateShardingsTest(absltest.TestCase):
                      jax.tree.structure(abstract))
     with self.assertRaisesRegex(ValueError, 'NamedSharding'):
       optax_q.state_shardings(abstract, {'w': P(), 'b': P()})
+
+  def test_shardings_of_other_parameters_raise(self):
+    mesh = jax.make_mesh((1,), ('model',), devices=jax.devices()[:1])
+    s = NamedSharding(mesh, P(None, 'model'))
+    params = {'w': jnp.zeros((8, 256)), 'b': jnp.zeros((256,))}
+    tx = optax_q.adamw(1e-3, mu_format='int4', min_size=0, track_stalls=True)
+    abstract = jax.eval_shape(tx.init, params)
+    # Another model's names, a missing parameter, a list for a dict: no
+    # subtree of the state matches, and nothing may be silently replicated.
+    for bad in ({'kernel': s, 'bias': s}, {'w': s}, [s, s]):
+      with self.subTest(bad=bad), self.assertRaisesRegex(
+          ValueError, r"state\[0\]\.inner_state\.mu\['b'\] is a QArray of "
+          r'shape \(256,\), but no subtree of the state is laid out like '
+          'param_shardings'):
+        optax_q.state_shardings(abstract, bad)
+    # A state with buffers of other parameters besides: replicated by
+    # default, an error naming them with strict=True.
+    other = jax.eval_shape(tx.init, {'v': jnp.zeros((4, 128))})
+    good = {'w': s, 'b': NamedSharding(mesh, P('model'))}
+    shardings = optax_q.state_shardings((abstract, other), good)
+    self.assertEqual(shardings[0][0].inner_state.mu['w'].codes.spec,
+                     P(None, 'model'))
+    self.assertEqual(shardings[1][0].inner_state.mu['v'].codes.spec, P())
+    with self.assertRaisesRegex(
+        ValueError, r"state\[1\]\[0\]\.inner_state\.mu\['v'\] is a QArray "
+        r'of shape \(4, 128\), but it lies outside the subtrees laid out '
+        r'like param_shardings \(state\[0\]'):
+      optax_q.state_shardings((abstract, other), good, strict=True)
+    # A state without parameter-shaped buffers needs no match.
+    counts = jax.eval_shape(optax.scale_by_schedule(lambda n: n).init, params)
+    self.assertEqual(optax_q.state_shardings(counts, good).count.spec, P())
+
+  def test_bad_param_shardings(self):
+    devices = jax.devices()[:1]
+    mesh = jax.make_mesh((1,), ('model',), devices=devices)
+    other_mesh = jax.make_mesh((1,), ('data',), devices=devices)
+    s = NamedSharding(mesh, P())
+    abstract = jax.eval_shape(
+        optax_q.adamw(1e-3, min_size=0).init,
+        {'w': jnp.zeros((8, 256)), 'b': jnp.zeros((256,))})
+    cases = (
+        (None, 'param_shardings is None'),
+        ({}, 'non-empty'),
+        ({'w': s, 'b': None},
+         r"param_shardings\['b'\] is None\. Give every parameter"),
+        ({'w': s, 'b': P('model')},
+         r"param_shardings\['b'\] is P\('model',?\)\. Wrap each spec as "
+         r'NamedSharding\(mesh, spec\)'),
+        ({'w': s, 'b': jax.sharding.SingleDeviceSharding(devices[0])},
+         r"param_shardings\['b'\] is SingleDeviceSharding"),
+        ({'w': s, 'b': NamedSharding(other_mesh, P())},
+         r"must be on one mesh, but param_shardings\['b'\] is on .*'model'"
+         r".* and param_shardings\['w'\] on .*'data'|must be on one mesh.*"),
+    )
+    for bad, message in cases:
+      with self.subTest(bad=bad), self.assertRaisesRegex(ValueError, message):
+        optax_q.state_shardings(abstract, bad)
+
+
+def _tree_map_params_cases():
+  def adamw(**kw):
+    return lambda: optax_q.adamw(1e-3, min_size=1024, **kw)
+  return (
+      ('adamw_fp8', adamw(mu_format='fp8_e4m3', nu_format='fp8_e4m3')),
+      ('adamw_int8_dynamic_stalls', adamw(track_stalls=True)),
+      ('adamw_int4_resets', adamw(mu_format='int4', reset_every=10,
+                                  track_stalls=True)),
+      ('adamw_adaptive_resets', adamw(mu_format='int4',
+                                      reset_every='adaptive')),
+      ('quantize_state', lambda: optax_q.quantize_state(
+          optax.scale_by_adam(), 'int8', min_size=1024)),
+      ('masked', lambda: optax.masked(
+          optax_q.quantize_state(optax.scale_by_adam(), 'int4',
+                                 min_size=1024),
+          {'w': True, 'b': False})),
+  )
+
+
+class TreeMapParamsTest(parameterized.TestCase):
+  """``optax.tree_utils.tree_map_params`` over quantized states."""
+
+  @parameterized.named_parameters(*_tree_map_params_cases())
+  def test_maps_codes_and_scales(self, make_tx):
+    tx = make_tx()
+    # 'b' is below min_size: unquantized, a None hole in the stall tree.
+    params = {'w': jnp.ones((8, 256)), 'b': jnp.ones((256,))}
+    state = tx.init(params)
+    quantized = [q for q in jax.tree.leaves(state, is_leaf=optax_q.is_qarray)
+                 if optax_q.is_qarray(q)]
+    self.assertNotEmpty(quantized)
+    seen = []
+    same = optax.tree_utils.tree_map_params(
+        tx, lambda x: seen.append(x) or x, state)
+    self.assertEqual(jax.tree.structure(same), jax.tree.structure(state))
+    for q in quantized:
+      for buf in (q.codes, q.scale):
+        self.assertTrue(any(x is buf for x in seen), q)
+    # f sees parameter-shaped buffers only: no counters, no stall scalars.
+    self.assertTrue(all(x.ndim for x in seen), [x.shape for x in seen])
+
+    # Against the parameters' specs: f gets each QArray (is_leaf) and gives
+    # its codes and its scales the parameter's spec.
+    specs = {'w': P(None, 'model'), 'b': P('model')}
+
+    def leaf_spec(leaf, spec):
+      if optax_q.is_qarray(leaf):
+        return dataclasses.replace(leaf, codes=spec, scale=spec)
+      return leaf if isinstance(leaf, optax.MaskedNode) else spec
+
+    out = optax.tree_utils.tree_map_params(
+        tx, leaf_spec, state, specs,
+        transform_non_params=lambda x: jax.tree.map(lambda _: P(), x),
+        is_leaf=lambda x: optax_q.is_qarray(x) or isinstance(
+            x, optax.MaskedNode))
+    is_spec = lambda x: isinstance(x, P)  # noqa: E731
+    self.assertEqual(jax.tree.structure(out, is_leaf=is_spec),
+                     jax.tree.structure(jax.tree.map(lambda _: P(), state),
+                                        is_leaf=is_spec))
+    out_q = [q for q in jax.tree.leaves(out, is_leaf=optax_q.is_qarray)
+             if optax_q.is_qarray(q)]
+    self.assertLen(out_q, len(quantized))
+    for q in out_q:
+      self.assertIn(q.codes, specs.values())
+      self.assertEqual(q.scale, q.codes)
 
 
 class SubprocessTest(absltest.TestCase):

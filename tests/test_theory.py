@@ -32,6 +32,7 @@ from absl.testing import parameterized
 import ml_dtypes
 import numpy as np
 
+import optax_q
 from optax_q._src import theory
 
 PAPER_FORMATS = ('bf16', 'fp8_e4m3', 'fp4')
@@ -62,11 +63,13 @@ class FormatTest(parameterized.TestCase):
       ('fp8', 2.0**-3),
       ('e4m3', 2.0**-3),
       ('fp8_e5m2', 2.0**-2),
-      ('fp4_e2m1', 2.0**-1),
+      # A second moment in fp4_e2m1 is stored in unsigned E2M2.
+      ('fp4_e2m1', 2.0**-2),
       ('fp4_e2m2u', 2.0**-2),
-      ('fp4', 2.0**-2),  # The paper's FP4: the unsigned E2M2 v grid.
+      ('fp4', 2.0**-2),  # = fp4_e2m1: the paper's FP4, an E2M2 v grid.
       ('e3m2', 2.0**-2),
-      ('e2m1', 2.0**-1),
+      ('e2m1', 2.0**-2),  # = fp4_e2m1 (FORMAT_ALIASES).
+      ('e3m1', 2.0**-1),
       ('e5m0', 1.0),
       ('e8m23', 2.0**-23),
       (' BF16 ', 2.0**-7),
@@ -75,7 +78,7 @@ class FormatTest(parameterized.TestCase):
     self.assertEqual(theory.format_epsilon(name), eps)
 
   @parameterized.parameters(
-      ('bf16', 7), ('fp8_e4m3', 3), ('fp4_e2m1', 1), ('fp4_e2m2u', 2),
+      ('bf16', 7), ('fp8_e4m3', 3), ('fp4_e2m1', 2), ('fp4_e2m2u', 2),
       ('e3m2', 2), ('fp16', 10),
   )
   def test_format_object_matches_name(self, name, mbits):
@@ -258,13 +261,18 @@ class DerivedValuesTest(parameterized.TestCase):
     self.assertAlmostEqual(1.0 / (1.0 - b2_eff), 1000 / (1 - 0.94583), -1)
     self.assertEqual(round(1.0 / (1.0 - b2_eff), -2), 18500)
 
-  def test_fp4_e2m1_has_its_own_epsilon(self):
-    # A second moment stored in signed E2M1 has one mantissa bit: twice the
-    # rho-hat of the paper's FP4 (E2M2u) and a shorter K*.
+  def test_fp4_names_mean_the_stored_grid(self):
+    # 'fp4' is 'fp4_e2m1' everywhere, and a second moment in fp4_e2m1 is
+    # stored in unsigned E2M2: one K* for every spelling (it depended on the
+    # spelling before). A grid with one mantissa bit (e3m1) has twice the
+    # rho-hat and a shorter K*.
+    for name in ('fp4', 'fp4_e2m1', 'e2m1', 'fp4_e2m2u'):
+      self.assertEqual(theory.reset_period(name), 224, name)
+    self.assertEqual(theory.reset_period(optax_q.get_format('fp4_e2m1')), 224)
     self.assertAlmostEqual(
-        theory.effective_precision_ratio('fp4_e2m1'),
+        theory.effective_precision_ratio('e3m1'),
         2 * theory.effective_precision_ratio('fp4'))
-    self.assertEqual(theory.reset_period('fp4_e2m1'), 156)
+    self.assertEqual(theory.reset_period('e3m1'), 156)
 
   def test_nearest_rounding_bf16_moment_never_decreases(self):
     # Downward NR moves need |Delta| > v eps / 4, but (1 - b2) v is the
@@ -332,7 +340,7 @@ class PropertiesTest(parameterized.TestCase):
     for fmt in ('bf16', 'fp16', 'fp8_e4m3', 'e3m4'):
       p = [theory.stall_probability(fmt, b2, rounding) for b2 in b2s]
       self.assertTrue(np.all(np.diff(p) > 0), msg=(fmt, p))
-    fmts = ('fp16', 'e5m8', 'bf16', 'e4m5', 'fp8_e4m3', 'fp4', 'fp4_e2m1')
+    fmts = ('fp16', 'e5m8', 'bf16', 'e4m5', 'fp8_e4m3', 'fp4', 'e3m1')
     p = [theory.stall_probability(f, 0.99, rounding) for f in fmts]
     self.assertTrue(np.all(np.diff(p) > 0), msg=p)
     self.assertTrue(all(0.0 <= x <= 1.0 for x in p))
@@ -413,7 +421,7 @@ class PropertiesTest(parameterized.TestCase):
   def test_reset_period_ordering(self):
     # Coarser formats reset sooner; larger b2 and larger s0 reset later.
     k = [theory.reset_period(f) for f in ('fp16', 'bf16', 'fp8_e4m3', 'fp4',
-                                          'fp4_e2m1')]
+                                          'e3m1')]
     self.assertEqual(k[1:], sorted(k[1:], reverse=True))
     for fmt in PAPER_FORMATS:
       k = [theory.reset_period(fmt, b2) for b2 in (0.99, 0.995, 0.999, 0.9999)]

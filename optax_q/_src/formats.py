@@ -330,6 +330,23 @@ FORMAT_NAMES = (
     'fp32', 'bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1', 'fp4_e2m2u',
     'int8', 'int8_dynamic', 'int4', 'e{E}m{M}',
 )
+# Other spellings of the names above, one meaning each, everywhere (the
+# stall model of ``theory.py`` included). The second-moment variants that
+# :func:`unsigned_variant` makes are named too, so that a stored state's
+# format can be named back.
+FORMAT_ALIASES = {
+    'float32': 'fp32', 'bfloat16': 'bf16', 'float16': 'fp16',
+    'fp8': 'fp8_e4m3', 'e4m3': 'fp8_e4m3', 'e5m2': 'fp8_e5m2',
+    'fp4': 'fp4_e2m1', 'e2m1': 'fp4_e2m1', 'e2m2u': 'fp4_e2m2u',
+}
+VARIANT_NAMES = ('int8_dynamic_unsigned', 'int4_unsigned')
+
+
+def _allowed() -> str:
+  aliases = ', '.join(f'{a!r} = {n!r}' for a, n in FORMAT_ALIASES.items())
+  return (f'{", ".join(FORMAT_NAMES)} (simulated e{{E}}m{{M}} with '
+          f'1 <= E <= 8, 0 <= M <= 23); second-moment variants '
+          f'{", ".join(VARIANT_NAMES)}; aliases {aliases}')
 _SIMULATED = re.compile(r'^e(\d+)m(\d+)$')
 
 
@@ -340,7 +357,10 @@ def get_format(fmt: str | Format) -> Format:
     fmt: A format name (``'fp32'``, ``'bf16'``, ``'fp16'``, ``'fp8_e4m3'``,
       ``'fp8_e5m2'``, ``'fp4_e2m1'``, ``'fp4_e2m2u'``, ``'int8'``,
       ``'int8_dynamic'``, ``'int4'``, or a simulated ``'e{E}m{M}'`` with
-      ``1 <= E <= 8`` and ``0 <= M <= 23``) or a :class:`Format`.
+      ``1 <= E <= 8`` and ``0 <= M <= 23``; the second-moment variants
+      ``'int8_dynamic_unsigned'`` and ``'int4_unsigned'``; or an alias of
+      :data:`FORMAT_ALIASES`: ``'fp8'`` is ``'fp8_e4m3'`` and ``'fp4'`` is
+      ``'fp4_e2m1'``, everywhere) or a :class:`Format`.
 
   Returns:
     The format.
@@ -364,13 +384,10 @@ def check_format(fmt: Any, name: str) -> Format:
   if not isinstance(fmt, str):
     raise ValueError(
         f'{name}={_short(fmt)}: a format must be a string or optax_q.Format. '
-        f'Allowed: {", ".join(FORMAT_NAMES)}. (Under '
+        f'Allowed: {_allowed()}. (Under '
         'optax.inject_hyperparams, list format arguments in static_args.)')
   key = fmt.strip().lower()
-  aliases = {'float32': 'fp32', 'bfloat16': 'bf16', 'float16': 'fp16',
-             'e4m3': 'fp8_e4m3', 'e5m2': 'fp8_e5m2', 'fp8': 'fp8_e4m3',
-             'fp4': 'fp4_e2m1', 'e2m1': 'fp4_e2m1'}
-  key = aliases.get(key, key)
+  key = FORMAT_ALIASES.get(key, key)
   if key in _BUILTIN:
     return _BUILTIN[key]
   if key == 'fp4_e2m1':
@@ -388,9 +405,7 @@ def check_format(fmt: Any, name: str) -> Format:
     ebits, mbits = int(m.group(1)), int(m.group(2))
     if 1 <= ebits <= 8 and 0 <= mbits <= 23:
       return _simulated(ebits, mbits)
-  raise ValueError(
-      f'Unknown format {name}={fmt!r}. Allowed: {", ".join(FORMAT_NAMES)} '
-      '(simulated e{E}m{M} with 1 <= E <= 8, 0 <= M <= 23).')
+  raise ValueError(f'Unknown format {name}={fmt!r}. Allowed: {_allowed()}.')
 
 
 def unsigned_variant(fmt: str | Format) -> Format:

@@ -26,8 +26,10 @@ their state exactly these shardings.
 codes and scales buffer of a quantized state, but it can't pair them with a
 tree shaped like the parameters (``tree_map_params(tx, f, state, specs)``):
 a QArray holds two buffers where that tree has one leaf, a pytree structure
-error. :func:`state_shardings` is the way to derive a quantized state's
-shardings from the parameters'.
+error. With ``is_leaf=optax_q.is_qarray``, ``f`` gets the whole QArray and
+the parameter's leaf, and must give the codes and the scales theirs itself.
+:func:`state_shardings` is the way to derive a quantized state's shardings
+from the parameters'.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
@@ -103,13 +106,13 @@ def _is_buffer(x) -> bool:
   if qarray_lib.is_qarray(x):
     return True
   return (hasattr(x, 'shape') and hasattr(x, 'dtype') and len(x.shape) >= 1
-          and jax.numpy.issubdtype(x.dtype, jax.numpy.floating))
+          and jnp.issubdtype(x.dtype, jnp.floating))
 
 
 def _describe(x) -> str:
   if qarray_lib.is_qarray(x):
     return f'a QArray of shape {x.shape}'
-  return f'a {jax.numpy.dtype(x.dtype).name}{list(x.shape)} array'
+  return f'a {jnp.dtype(x.dtype).name}{list(x.shape)} array'
 
 
 def _check_param_shardings(param_shardings):

@@ -49,29 +49,25 @@ from typing import Any
 
 import numpy as np
 
+from optax_q._src import formats as formats_lib
+
 ROUNDING_MODES = ('nearest', 'stochastic')
 
-# Stored mantissa bits of the named formats the stall model describes.
-# 'fp4' is the paper's FP4 configuration: E2M1 first moment and an unsigned
-# E2M2 second moment. The stall model is a second-moment model, and the
-# paper's FP4 rows (rho-hat 86.6 and K* 224 at b2=0.999) use the E2M2 grid's
-# epsilon 2**-2, so 'fp4' follows 'fp4_e2m2u'. 'fp4_e2m1' keeps its own single
-# mantissa bit (epsilon 2**-1).
+# Stored mantissa bits of the second-moment grids the stall model describes.
+# A name means what it means everywhere (``formats.FORMAT_ALIASES``), and the
+# model describes the grid a second moment of that format is stored in
+# (``formats.unsigned_variant``): 'fp4_e2m1', and so 'fp4', are stored as the
+# unsigned E2M2 grid 'fp4_e2m2u' (epsilon 2**-2), which is the paper's FP4
+# second moment (rho-hat 86.6 and K* 224 at b2=0.999).
 _MANTISSA_BITS = {
     'bf16': 7,
     'fp16': 10,
     'fp8_e4m3': 3,
     'fp8_e5m2': 2,
-    'fp4_e2m1': 1,
+    'fp4_e2m1': 2,  # Stored as fp4_e2m2u.
     'fp4_e2m2u': 2,
 }
-_ALIASES = {
-    'bfloat16': 'bf16',
-    'float16': 'fp16',
-    'fp8': 'fp8_e4m3',
-    'fp4': 'fp4_e2m2u',
-    'e2m2u': 'fp4_e2m2u',
-}
+_ALIASES = formats_lib.FORMAT_ALIASES
 # Formats with no mantissa to speak of in this model: integer and table
 # grids, and fp32, which is the working precision (nothing is rounded).
 _UNSUPPORTED = (
@@ -215,6 +211,8 @@ def _mantissa_bits(fmt: Any) -> int:
         f'fmt must be a format name or an object with `name` and '
         f'`mantissa_bits`, got {fmt!r}. {_SUPPORTED_MSG}')
   mbits = fmt.mantissa_bits
+  if name.strip().lower() in _MANTISSA_BITS:
+    mbits = _MANTISSA_BITS[name.strip().lower()]  # The stored grid's.
   if name.strip().lower() in _UNSUPPORTED or mbits is None:
     raise ValueError(
         f'fmt={name!r} has no mantissa grid the stall model can describe. '
@@ -281,10 +279,12 @@ def format_epsilon(fmt: Any) -> float:
     fmt: A format name (``'bf16'``, ``'fp16'``, ``'fp8_e4m3'``,
       ``'fp8_e5m2'``, ``'fp4_e2m1'``, ``'fp4_e2m2u'``, ``'fp4'``, or a
       simulated ``'e{E}m{M}'``) or an object with attributes ``name`` and
-      ``mantissa_bits`` (such as :class:`optax_q.Format`). ``'fp4'`` is the
-      paper's FP4 configuration, whose second moment is stored in unsigned
-      E2M2, so it has ``eps = 2**-2`` like ``'fp4_e2m2u'``; ``'fp4_e2m1'`` has
-      one mantissa bit, ``eps = 2**-1``.
+      ``mantissa_bits`` (such as :class:`optax_q.Format`). The model
+      describes the grid a second moment of this format is stored in:
+      ``'fp4'`` is ``'fp4_e2m1'`` (as everywhere in the library), and a
+      second moment in ``fp4_e2m1`` is stored in the unsigned E2M2 grid
+      ``'fp4_e2m2u'`` (the paper's FP4 second moment), so all three have
+      ``eps = 2**-2``.
 
   Returns:
     The epsilon, a Python float.
@@ -745,7 +745,7 @@ def reset_period(
 
   Args:
     fmt: The second moment's storage format (see :func:`format_epsilon`).
-      ``'fp4'`` means the paper's FP4 (unsigned E2M2 second moment,
+      ``'fp4'`` (= ``'fp4_e2m1'``) means the paper's FP4 (unsigned E2M2 second moment,
       ``eps = 2**-2``).
     b2: EMA decay rate of the second moment, in ``(0, 1)``.
     s0: Staleness tolerance :math:`s_0` in ``(0, 1)``; the paper uses 0.6.
