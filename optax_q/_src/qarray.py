@@ -21,13 +21,32 @@ or every axis reduced to one (``'tensor'``). A parameter's ``PartitionSpec``
 therefore applies to codes and scales unchanged, provided the blocked axis
 still divides by the mesh axis after blocking (and packing).
 
-Non-finite inputs: in a scaled format, a block (row, tensor) holding a NaN
-or an infinity gets a NaN scale, so the whole block decodes to NaN; the
-error surfaces instead of hiding in a saturated code. In an unscaled float
-format NaN stays NaN, and an infinity stays infinite where the container has
-infinities (``bf16``, ``fp16``, ``fp8_e5m2``) and becomes NaN where it does
-not (``fp8_e4m3``). Finite inputs never encode to NaN: they saturate to the
-format's largest value, and an all-zero block decodes to exact zeros.
+Non-finite inputs. An infinity in a scaled format (a second moment whose
+``g * g`` overflowed float32, from a huge but finite gradient) takes no part
+in its block's scale: it is stored as the grid's end code of its sign, the
+block's finite values are mapped a grid step inside the ends, and the
+block's scale is stored with its sign bit set. It decodes to the same
+infinity, so the element behaves as in float32 Adam (its update is
+``m / inf = 0``), while the scale and the other codes of its block stay
+finite and the other elements keep their values. A NaN makes its block's
+scale NaN, so the whole block decodes to NaN: the error surfaces instead of
+hiding in a saturated code. In an unscaled float format NaN stays NaN, and an
+infinity stays infinite where the container has infinities (``bf16``,
+``fp16``, ``fp8_e5m2``) and becomes NaN where it does not (``fp8_e4m3``).
+Finite inputs never decode to a non-finite value: they saturate to the
+format's largest value, scales are rounded so that the largest code times
+the scale never overflows, and an all-zero block decodes to exact zeros.
+
+Scale arithmetic is one explicit sequence of float32 operations whatever the
+shape: the scale is the block maximum times the host-computed reciprocal of
+the grid's target (rounded down), and values are multiplied by the scale's
+reciprocal (in two exact steps for huge scales, so no reciprocal is a
+flushed subnormal). So whole, tiled and sharded encodings of a block give
+the same bits.
+
+Checkpoints: the format, scale mode and block size are part of the keys of
+a QArray's children (``codes:int4:block:128``), so a checkpoint restored
+into a state of another layout fails with an error naming both keys.
 """
 
 from __future__ import annotations
