@@ -199,46 +199,28 @@ def update(
     base.append(offset)
     offset += len(leaves)
 
-  def call(gs, ps, values):
-    """inner_update on some parameters: gradients ``gs``, values ``ps``,
-    and per shaped slot the list of those parameters' state values."""
-    it = iter(values)
-    state = sdef.unflatten([
-        list(next(it)) if leaves is not None else slot
-        for slot, leaves in zip(slots, per_param)])
-    us, new = inner_update(list(gs), state, ps, **extra_args)
-    new_slots = sdef.flatten_up_to(new)
-    shaped = [list(s) for s, leaves in zip(new_slots, per_param)
-              if leaves is not None]
-    rest = [s for s, leaves in zip(new_slots, per_param) if leaves is None]
-    return list(us), shaped, rest
-
-  def call_one(g, p, values):
-    us, shaped, rest = call([g], None if p is None else [p],
-                            [[v] for v in values])
-    return us[0], [s[0] for s in shaped], rest
-
   def isolated(g, p, values):
-    """``call_one`` on one parameter, cut off from every other parameter.
+    """The inner update on one parameter (or tile), cut off from the rest.
 
-    The inputs, with the shared scalars of the state (step counts), pass
+    ``values`` holds, per shaped slot, this parameter's state value. The
+    inputs, with the shared scalars of the state (step counts), pass
     through an optimization barrier tied to this parameter's gradient, so
     the compiler sees the same graph for a parameter whatever else the tree
-    holds or how it is tiled: XLA rewrites arithmetic such as a division by
-    a broadcast bias correction differently when the scalar is shared
-    between leaves, and Optax's own update of a leaf changes in its last bit
-    with the other leaves of the tree. Per leaf, the update is the same bits
-    tiled or not, sharded or not.
+    holds, how it is tiled or how it is partitioned: XLA rewrites arithmetic
+    such as a division by a broadcast bias correction differently when the
+    scalar is shared between leaves (Optax's own update of a leaf changes in
+    its last bit with the other leaves of the tree), and contracts
+    multiply-adds differently in differently compiled loop bodies. Per
+    leaf, the update and the new state are the same bits tiled or not,
+    sharded or not.
     """
     shared = [slot for slot, leaves in zip(slots, per_param)
               if leaves is None]
     g, p, values, shared = lax.optimization_barrier((g, p, values, shared))
-    it = iter(shared)
-    local = [next(it) if leaves is None else slot
-             for slot, leaves in zip(slots, per_param)]
+    it_shared, it_values = iter(shared), iter(values)
     state = sdef.unflatten([
-        [v] if leaves is not None else slot
-        for slot, leaves, v in zip(local, per_param, _spread(values, per_param))])
+        next(it_shared) if leaves is None else [next(it_values)]
+        for leaves in per_param])
     us, new = inner_update([g], state, None if p is None else [p],
                            **extra_args)
     new_slots = sdef.flatten_up_to(new)
@@ -300,7 +282,7 @@ def update(
     p = None if plist is None else plist[j]
     entries = entries_of(j)
     u, shaped, rest = _tiled(
-        call_one, isolated, pleaves[j], p, entries, t, key_for=key_for,
+        isolated, pleaves[j], p, entries, t, key_for=key_for,
         rounding_for=rounding_for, block_size=block_size,
         track_stalls=track_stalls, stalled=stalled)
     for (k, _, _), n in zip(entries, shaped):
@@ -316,13 +298,7 @@ def update(
   return pdef.unflatten(new_updates), sdef.unflatten(new_slots), stalled
 
 
-def _spread(values, per_param):
-  """Per slot: the next of ``values`` for shaped slots, None for others."""
-  it = iter(values)
-  return [next(it) if leaves is not None else None for leaves in per_param]
-
-
-def _tiled(call, isolated, g, p, entries, tiles, *, key_for, rounding_for,
+def _tiled(isolated, g, p, entries, tiles, *, key_for, rounding_for,
            block_size, track_stalls, stalled):
   """One parameter in ``tiles`` tiles of rows, by a loop.
 
@@ -370,7 +346,7 @@ def _tiled(call, isolated, g, p, entries, tiles, *, key_for, rounding_for,
       else:
         values.append(old)
         old_q.append(None)
-    _, shaped, _ = call(
+    _, shaped, _ = isolated(
         take(g_split, t), None if p_split is None else take(p_split, t),
         values)
     outs, counts = [], []
