@@ -29,22 +29,13 @@ module created the backend first, ``SubprocessTest`` runs these tests again
 in a fresh interpreter (as ``test_sharding.py`` does).
 """
 
-import os
-
-_FLAG = '--xla_force_host_platform_device_count=8'
-if _FLAG not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = (
-      os.environ.get('XLA_FLAGS', '') + ' ' + _FLAG).strip()
-
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import multidevice  # Before jax: asks for 8 CPU devices.
 import functools  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from jax.sharding import AxisType  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -82,12 +73,7 @@ LAYOUTS = {
 AXIS_TYPES = {'explicit': AxisType.Explicit, 'auto': AxisType.Auto}
 
 
-def _skip_unless_8_devices(test):
-  if jax.device_count() < 8:
-    test.skipTest(
-        f'jax was initialised with {jax.device_count()} device(s) before '
-        'this module set XLA_FLAGS; SubprocessTest runs these tests in a '
-        'fresh process with 8 devices')
+_skip_unless_8_devices = multidevice.skip_unless_8_devices
 
 
 def _mesh(mesh_name, axis_type):
@@ -305,19 +291,7 @@ class OptimizerTest(parameterized.TestCase):
 class SubprocessTest(absltest.TestCase):
 
   def test_on_8_devices(self):
-    if jax.device_count() >= 8:
-      self.skipTest('the sharded tests run in this process')
-    env = dict(os.environ, XLA_FLAGS=_FLAG, JAX_PLATFORMS='cpu')
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, '-m', 'pytest', os.path.abspath(__file__), '-q',
-         '-p', 'no:cacheprovider', '-p', 'no:xdist', '-k',
-         'not SubprocessTest'],
-        env=env, cwd=root, capture_output=True, text=True, timeout=1800,
-        check=False)
-    output = result.stdout[-4000:] + result.stderr[-4000:]
-    self.assertEqual(result.returncode, 0, output)
-    self.assertNotIn('skipped', result.stdout.splitlines()[-1], output)
+    multidevice.run_in_8_device_process(self, __file__, 'not SubprocessTest')
 
 
 if __name__ == '__main__':

@@ -25,16 +25,8 @@ module created the backend first, the mesh tests skip in this process and
 ``SubprocessTest`` runs them in a fresh interpreter.
 """
 
-import os
-
-_FLAG = '--xla_force_host_platform_device_count=8'
-if _FLAG not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = (
-      os.environ.get('XLA_FLAGS', '') + ' ' + _FLAG).strip()
-
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import subprocess  # noqa: E402
-import sys  # noqa: E402
+import multidevice  # Before jax: asks for 8 CPU devices.
 
 from absl.testing import absltest  # noqa: E402
 import hypothesis  # noqa: E402
@@ -196,10 +188,7 @@ class StepPropertyTest(absltest.TestCase):
       self.assertTrue(_stored_finite(q), fmt)
 
 
-def _skip_unless_8_devices(test):
-  if jax.device_count() < 8:
-    test.skipTest('fewer than 8 devices in this process; SubprocessTest '
-                  'runs the mesh tests in a fresh process')
+_skip_unless_8_devices = multidevice.skip_unless_8_devices
 
 
 class MeshPropertyTest(absltest.TestCase):
@@ -247,19 +236,7 @@ class MeshPropertyTest(absltest.TestCase):
 class SubprocessTest(absltest.TestCase):
 
   def test_mesh_properties_on_8_devices(self):
-    if jax.device_count() >= 8:
-      self.skipTest('the mesh tests run in this process')
-    env = dict(os.environ, XLA_FLAGS=_FLAG, JAX_PLATFORMS='cpu')
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, '-m', 'pytest', os.path.abspath(__file__), '-q',
-         '-p', 'no:cacheprovider', '-p', 'no:xdist', '-k',
-         'MeshPropertyTest'],
-        env=env, cwd=root, capture_output=True, text=True, timeout=900,
-        check=False)
-    output = result.stdout[-4000:] + result.stderr[-4000:]
-    self.assertEqual(result.returncode, 0, output)
-    self.assertNotIn('skipped', result.stdout.splitlines()[-1], output)
+    multidevice.run_in_8_device_process(self, __file__, 'MeshPropertyTest')
 
 
 if __name__ == '__main__':

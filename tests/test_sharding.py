@@ -21,17 +21,9 @@ fewer devices; then the sharded tests skip in this process and
 so they always run somewhere.
 """
 
-import os
-
-_FLAG = '--xla_force_host_platform_device_count=8'
-if _FLAG not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = (
-      os.environ.get('XLA_FLAGS', '') + ' ' + _FLAG).strip()
-
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import multidevice  # Before jax: asks for 8 CPU devices.
 import dataclasses  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
@@ -54,12 +46,7 @@ PARAMS = {
 }
 
 
-def _skip_unless_8_devices(test):
-  if jax.device_count() < 8:
-    test.skipTest(
-        f'jax was initialised with {jax.device_count()} device(s) before '
-        'this module set XLA_FLAGS; SubprocessTest runs these tests in a '
-        'fresh process with 8 devices')
+_skip_unless_8_devices = multidevice.skip_unless_8_devices
 
 
 def _mesh():
@@ -435,19 +422,7 @@ class TreeMapParamsTest(parameterized.TestCase):
 class SubprocessTest(absltest.TestCase):
 
   def test_sharded_tests_on_8_devices(self):
-    if jax.device_count() >= 8:
-      self.skipTest('the sharded tests run in this process')
-    env = dict(os.environ, XLA_FLAGS=_FLAG, JAX_PLATFORMS='cpu')
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, '-m', 'pytest', os.path.abspath(__file__), '-q',
-         '-p', 'no:cacheprovider', '-p', 'no:xdist', '-k',
-         'not SubprocessTest'],
-        env=env, cwd=root, capture_output=True, text=True, timeout=600,
-        check=False)
-    output = result.stdout[-4000:] + result.stderr[-4000:]
-    self.assertEqual(result.returncode, 0, output)
-    self.assertNotIn('skipped', result.stdout.splitlines()[-1], output)
+    multidevice.run_in_8_device_process(self, __file__, 'not SubprocessTest')
 
 
 if __name__ == '__main__':
