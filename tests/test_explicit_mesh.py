@@ -35,6 +35,7 @@ import functools  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
+import pytest  # noqa: E402
 import jax  # noqa: E402
 from jax.sharding import AxisType  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
@@ -168,11 +169,16 @@ class CodecTest(parameterized.TestCase):
   @parameterized.named_parameters(
       (f'{m}_{a}', m, a) for m in MESHES for a in AXIS_TYPES)
   def test_quantize_dequantize_match_unsharded(self, mesh_name, axis_type):
+    self._check_codecs(mesh_name, axis_type, SOME_CODECS)
+
+  @pytest.mark.slow
+  def test_every_codec_on_explicit_2x4(self):
+    self._check_codecs('2x4', 'explicit', ALL_CODECS)
+
+  def _check_codecs(self, mesh_name, axis_type, codecs):
     mesh = _mesh(mesh_name, axis_type)
     param_shardings = _param_shardings(mesh, mesh_name)
     params = jax.device_put(_params(mesh_name), param_shardings)
-    codecs = (ALL_CODECS if (mesh_name, axis_type) == ('2x4', 'explicit')
-              else SOME_CODECS)
     for fmt, scale, rounding in codecs:
       with self.subTest(fmt=fmt, scale=scale, rounding=rounding):
         want = _codec_reference(mesh_name, fmt, scale, rounding)
@@ -247,15 +253,28 @@ class OptimizerTest(parameterized.TestCase):
     super().setUp()
     _skip_unless_8_devices(self)
 
+  # The default suite: each path on each axis type; the rest is slow.
   @parameterized.named_parameters(
       (f'{n}_{m}_{a}', m, a, n) for m, a, names in (
-          ('2x4', 'explicit', ('adamw', 'adamw_codebooks', 'whole_tree',
-                               'tiled')),
-          ('8', 'explicit', ('adamw', 'whole_tree', 'tiled')),
-          ('2x4', 'auto', ('adamw', 'tiled')),
-          ('8', 'auto', ('adamw_codebooks', 'whole_tree')))
+          ('2x4', 'explicit', ('adamw', 'tiled')),
+          ('8', 'explicit', ('whole_tree',)),
+          ('2x4', 'auto', ('tiled',)))
       for n in names)
   def test_init_and_update_match_unsharded(self, mesh_name, axis_type, name):
+    self._check_optimizer(mesh_name, axis_type, name)
+
+  @parameterized.named_parameters(
+      (f'{n}_{m}_{a}', m, a, n) for m, a, names in (
+          ('2x4', 'explicit', ('adamw_codebooks', 'whole_tree')),
+          ('8', 'explicit', ('adamw', 'tiled')),
+          ('2x4', 'auto', ('adamw',)),
+          ('8', 'auto', ('adamw_codebooks', 'whole_tree')))
+      for n in names)
+  @pytest.mark.slow
+  def test_more_layouts_match_unsharded(self, mesh_name, axis_type, name):
+    self._check_optimizer(mesh_name, axis_type, name)
+
+  def _check_optimizer(self, mesh_name, axis_type, name):
     tx = _optimizer(name)
     mesh = _mesh(mesh_name, axis_type)
     param_shardings = _param_shardings(mesh, mesh_name)

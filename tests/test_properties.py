@@ -26,6 +26,8 @@ module created the backend first, the mesh tests skip in this process and
 """
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import os
+
 import multidevice  # Before jax: asks for 8 CPU devices.
 
 from absl.testing import absltest  # noqa: E402
@@ -45,6 +47,8 @@ from optax_q._src import qarray as qarray_lib  # noqa: E402
 SCALED = ('fp8_e4m3', 'fp8_e5m2', 'int8', 'int8_dynamic', 'int4',
           'fp4_e2m1', 'e3m2', 'e5m6')
 ALL = SCALED + ('bf16', 'fp16', 'e8m3')
+# More examples on demand: OPTAX_Q_PROPERTY_SCALE=10 pytest tests/...
+SCALE = int(os.environ.get('OPTAX_Q_PROPERTY_SCALE', '1'))
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(hypothesis.HealthCheck))
 
@@ -79,7 +83,7 @@ def _stored_finite(q) -> bool:
 
 class CodecPropertyTest(absltest.TestCase):
 
-  @hypothesis.settings(max_examples=60, **SETTINGS)
+  @hypothesis.settings(max_examples=30 * SCALE, **SETTINGS)
   @hypothesis.given(x=arrays(min_rows=2), fmt=st.sampled_from(ALL),
                     scale=st.sampled_from(('block', 'row', 'tensor', None)),
                     block=st.sampled_from((2, 32, 128)),
@@ -162,7 +166,7 @@ def _adam(fmt, rounding, **kwargs):
 
 class StepPropertyTest(absltest.TestCase):
 
-  @hypothesis.settings(max_examples=25, **SETTINGS)
+  @hypothesis.settings(max_examples=10 * SCALE, **SETTINGS)
   @hypothesis.given(problem=problems(rows_multiple=4),
                     fmt=st.sampled_from(SCALED + ('bf16',)),
                     rounding=st.sampled_from(('nearest', 'stochastic')),
@@ -194,7 +198,7 @@ _skip_unless_8_devices = multidevice.skip_unless_8_devices
 class MeshPropertyTest(absltest.TestCase):
   """Sharded on Auto and Explicit meshes: the unsharded run's bits."""
 
-  @hypothesis.settings(max_examples=16, phases=(hypothesis.Phase.explicit,
+  @hypothesis.settings(max_examples=8 * SCALE, phases=(hypothesis.Phase.explicit,
                        hypothesis.Phase.generate), **SETTINGS)
   @hypothesis.given(problem=problems(rows_multiple=4),
                     fmt=st.sampled_from(SCALED + ('bf16',)),

@@ -249,6 +249,14 @@ def update(
     return num_tiles(pshapes[j], tile_size)
 
   tiles = [tiles_of(j) for j in range(len(pleaves))]
+  if all(t == 1 for t in tiles) and not any(
+      qarray_lib.is_qarray(x) and x.scale is not None
+      for x in jax.tree.leaves(old, is_leaf=qarray_lib.is_qarray)):
+    # Only unscaled codes (bf16, fp16) and nothing tiled: the whole-tree
+    # path, whose arithmetic is Optax's own (``mu_format='bf16'`` is then
+    # ``optax.adamw(mu_dtype=jnp.bfloat16)`` bit for bit). Such leaves are
+    # never tiled, so tiled and untiled runs still agree.
+    return None
 
   new_leaves = [[None] * len(pleaves) if leaves is not None else None
                 for leaves in per_param]
