@@ -218,7 +218,15 @@ def _unblocked(y: jax.Array, like: jax.Array) -> jax.Array:
       return y.reshape(shape)
     return jnp.reshape(y, shape, out_sharding=sharding)
   n = shape[-1]
-  y = y.reshape(*y.shape[:-2], y.shape[-2] * y.shape[-1])
+  merged = y.shape[:-2] + (y.shape[-2] * y.shape[-1],)
+  if explicit.sharding_of(y) is None:
+    y = y.reshape(merged)
+  else:
+    # Drop the padding of the last block from a gathered last axis: a slice
+    # of a sharded axis has no sharding of its own.
+    y = explicit.replicate_last_axis(y)
+    y = jnp.reshape(y, merged, out_sharding=explicit.with_spec(
+        y, tuple(explicit.spec_of(y)[:-2]) + (None,)))
   if y.shape[-1] != n:
     y = y[..., :n]
   return explicit.reshard(y.reshape(shape), sharding)
