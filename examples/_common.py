@@ -383,6 +383,15 @@ def default_out(script: str) -> str:
   return str(ROOT / 'runs' / pathlib.Path(script).stem)
 
 
+def add_out_argument(parser, script: str) -> None:
+  """Adds every script's ``--out`` (default :func:`default_out`)."""
+  name = pathlib.Path(script).stem
+  parser.add_argument(
+      '--out', default=default_out(script),
+      help=f'output directory (default: runs/{name}; docs/results for the '
+      'published results)')
+
+
 # ----------------------------------------------------------------------------
 # Provenance.
 # ----------------------------------------------------------------------------

@@ -309,10 +309,7 @@ def make_parser() -> argparse.ArgumentParser:
                       default=[0.99, 0.995],
                       help='further b2 values for the model check')
   parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument(
-      '--out', default=_common.default_out(__file__),
-      help='output directory (default: runs/staleness_simulation; '
-      'docs/results for the published results)')
+  _common.add_out_argument(parser, __file__)
   parser.add_argument('--no-plots', action='store_true')
   return parser
 

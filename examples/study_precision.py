@@ -310,10 +310,7 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
   parser.add_argument('--configs', nargs='+', default=list(CONFIGS),
                       help="'fp32' first, then <mu>[+<nu>]/<rn|sr>")
-  parser.add_argument(
-      '--out', default=_common.default_out(__file__),
-      help='directory of the result files (docs/results for the published '
-      'ones)')
+  _common.add_out_argument(parser, __file__)
   parser.add_argument(
       '--name', default=NAME,
       help='stem of the result files and name of the doc block')

@@ -213,10 +213,7 @@ def make_parser() -> argparse.ArgumentParser:
                       'taken from the first file)')
   parser.add_argument('--name', default='staleness',
                       help='output stem: <out>/<name>.json and .md')
-  parser.add_argument(
-      '--out', default=_common.default_out(__file__),
-      help='output directory (default: runs/study_staleness; docs/results '
-      'for the published results)')
+  _common.add_out_argument(parser, __file__)
   return parser
 
 

@@ -120,10 +120,7 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument('--no-floor', action='store_true',
                       help='second moments without the positive floor')
   parser.add_argument('--name', default='update_error')
-  parser.add_argument(
-      '--out', default=_common.default_out(__file__),
-      help='output directory (default: runs/update_error; docs/results for '
-      'the published results)')
+  _common.add_out_argument(parser, __file__)
   return parser
 
 

@@ -199,11 +199,12 @@ def update(
     base.append(offset)
     offset += len(leaves)
 
-  def isolated(g, p, values):
+  def isolated(g, p, stored, roundings):
     """The inner update on one parameter (or tile), cut off from the rest.
 
-    ``values`` holds, per shaped slot, this parameter's state value. The
-    inputs, with the shared scalars of the state (step counts), pass
+    ``stored`` holds, per shaped slot, this parameter's stored state (a
+    :class:`QArray` or an array), decoded here with ``roundings``. The
+    stored inputs, with the shared scalars of the state (step counts), pass
     through an optimization barrier tied to this parameter's gradient, so
     the compiler sees the same graph for a parameter whatever else the tree
     holds, how it is tiled or how it is partitioned: XLA rewrites arithmetic
@@ -212,11 +213,13 @@ def update(
     its last bit with the other leaves of the tree), and contracts
     multiply-adds differently in differently compiled loop bodies. Per
     leaf, the update and the new state are the same bits tiled or not,
-    sharded or not.
+    sharded or not. The barrier stands before the decoding, so decoding
+    still fuses into the update: no float32 copy of the state is written.
     """
     shared = [slot for slot, leaves in zip(slots, per_param)
               if leaves is None]
-    g, p, values, shared = lax.optimization_barrier((g, p, values, shared))
+    g, p, stored, shared = lax.optimization_barrier((g, p, stored, shared))
+    values = [decode_for_inner(x, r) for x, r in zip(stored, roundings)]
     it_shared, it_values = iter(shared), iter(values)
     state = sdef.unflatten([
         next(it_shared) if leaves is None else [next(it_values)]
@@ -270,7 +273,7 @@ def update(
     entries = entries_of(j)
     u, shaped, rest = isolated(
         pleaves[j], None if plist is None else plist[j],
-        [decode_for_inner(x, rounding_for(i)) for _, x, i in entries])
+        [x for _, x, _ in entries], [rounding_for(i) for _, _, i in entries])
     new_updates[j] = u
     if rest_out is None:
       rest_out = rest
@@ -343,20 +346,20 @@ def _tiled(isolated, g, p, entries, tiles, *, key_for, rounding_for,
 
   def tile_step(t, src):
     src = jax.tree.map(lambda b: take(b, t), src)
-    values, old_q = [], []
-    for (_, x, i), old in zip(entries, src):
+    stored, old_q = [], []
+    for (_, x, _), old in zip(entries, src):
       if qarray_lib.is_qarray(x):
         codes, scale = old
         q = QArray(_from_bits(codes, x.codes.dtype), scale, x.fmt,
                    tile_shape, x.dtype, x.scale_mode, x.block_size)
-        values.append(decode_for_inner(q, rounding_for(i)))
+        stored.append(q)
         old_q.append(q)
       else:
-        values.append(old)
+        stored.append(old)
         old_q.append(None)
     _, shaped, _ = isolated(
         take(g_split, t), None if p_split is None else take(p_split, t),
-        values)
+        stored, [rounding_for(i) for _, _, i in entries])
     outs, counts = [], []
     for (_, x, i), q_old, n in zip(entries, old_q, shaped):
       if q_old is None:
@@ -402,8 +405,8 @@ def _tiled(isolated, g, p, entries, tiles, *, key_for, rounding_for,
   # compiler fuses it into whatever consumes it (``apply_updates``) instead
   # of the loop writing it out; the inner update's state outputs are unused
   # here, and dropped.
-  u, _, rest = isolated(g, p, [decode_for_inner(x, rounding_for(i))
-                               for _, x, i in entries])
+  u, _, rest = isolated(g, p, [x for _, x, _ in entries],
+                        [rounding_for(i) for _, _, i in entries])
 
   shaped, count_it = [], iter(counts)
   for (_, x, i), buf in zip(entries, bufs):
