@@ -223,6 +223,15 @@ class FiniteInFiniteOutTest(parameterized.TestCase):
       self.assertTrue(np.all(np.isfinite(out)))
 
 
+class EmptyArrayTest(parameterized.TestCase):
+
+  @parameterized.product(fmt=('fp4_e2m1', 'int4', 'int8', 'fp8_e4m3'),
+                         shape=((0, 7), (7, 0), (0,), (0, 3, 5)))
+  def test_empty_arrays_round_trip(self, fmt, shape):
+    q = optax_q.quantize(jnp.zeros(shape), fmt)
+    self.assertEqual(optax_q.dequantize(q).shape, shape)
+
+
 class CheckpointFormatTest(parameterized.TestCase):
   """Defect 5: a restore into another layout is refused, naming both."""
 

@@ -37,6 +37,7 @@ import fractions
 import functools
 import math
 import re
+import types
 import reprlib
 from typing import Any
 
@@ -334,11 +335,11 @@ FORMAT_NAMES = (
 # stall model of ``theory.py`` included). The second-moment variants that
 # :func:`unsigned_variant` makes are named too, so that a stored state's
 # format can be named back.
-FORMAT_ALIASES = {
+FORMAT_ALIASES = types.MappingProxyType({
     'float32': 'fp32', 'bfloat16': 'bf16', 'float16': 'fp16',
     'fp8': 'fp8_e4m3', 'e4m3': 'fp8_e4m3', 'e5m2': 'fp8_e5m2',
     'fp4': 'fp4_e2m1', 'e2m1': 'fp4_e2m1', 'e2m2u': 'fp4_e2m2u',
-}
+})
 VARIANT_NAMES = ('int8_dynamic_unsigned', 'int4_unsigned')
 
 

@@ -51,7 +51,8 @@ def pack_nibbles(codes: jax.Array) -> jax.Array:
   # Each pair of bytes read as one (little-endian) uint16: the loop then
   # runs over contiguous words, which XLA:CPU vectorizes, instead of over
   # interleaved strided pairs, which it does not.
-  pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+  # Explicit lengths: -1 is ambiguous for an empty array.
+  pairs = codes.reshape(*codes.shape[:-1], (n + 1) // 2, 2)
   w = lax.bitcast_convert_type(pairs, jnp.uint16)
   return ((w & 0x0F) | ((w >> 4) & 0xF0)).astype(jnp.uint8)
 
@@ -64,7 +65,7 @@ def unpack_nibbles(packed: jax.Array, n: int) -> jax.Array:
   lo = (packed & 0x0F).astype(jnp.uint16)
   hi = (packed >> 4).astype(jnp.uint16)
   pairs = lax.bitcast_convert_type(lo | (hi << 8), jnp.uint8)
-  codes = pairs.reshape(*packed.shape[:-1], -1)
+  codes = pairs.reshape(*packed.shape[:-1], 2 * packed.shape[-1])
   if codes.shape[-1] != n:
     codes = codes[..., :n]
   return codes
