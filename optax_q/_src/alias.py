@@ -26,19 +26,20 @@ import optax
 
 from optax_q._src import formats as formats_lib
 from optax_q._src import transform
+from optax_q._src import validation
 
 ScalarOrSchedule = optax.ScalarOrSchedule
 
 
 def _check_decay(value: Any, name: str) -> Any:
   """A decay rate in [0, 1): a Python or NumPy number, or a jax.Array."""
-  return formats_lib.check_number(value, name, high=1.0)
+  return validation.check_number(value, name, high=1.0)
 
 
 def _check_nonnegative(value: Any, name: str, *,
                        schedule: bool = False) -> Any:
   """A finite number >= 0 (or a schedule, where Optax takes one)."""
-  return formats_lib.check_number(value, name, schedule=schedule)
+  return validation.check_number(value, name, schedule=schedule)
 
 
 def _moment_formats(field_formats: dict[str, Any]) -> dict[str, Any]:
@@ -168,7 +169,7 @@ def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
   _check_nonnegative(learning_rate, 'learning_rate', schedule=True)
   eps = _check_nonnegative(eps, 'eps')
   eps_root = _check_nonnegative(eps_root, 'eps_root')
-  nesterov = formats_lib.check_bool(nesterov, 'nesterov')
+  nesterov = validation.check_bool(nesterov, 'nesterov')
   formats = _moment_formats(
       {'mu_format': ('mu', mu_format), 'nu_format': ('nu', nu_format)})
   common = dict(rounding=rounding, block_size=block_size, seed=seed,
@@ -274,12 +275,12 @@ def sgd(
   _check_nonnegative(learning_rate, 'learning_rate', schedule=True)
   if momentum is not None:
     momentum = _check_decay(momentum, 'momentum')
-  nesterov = formats_lib.check_bool(nesterov, 'nesterov')
+  nesterov = validation.check_bool(nesterov, 'nesterov')
   formats = _moment_formats({'mu_format': ('trace', mu_format)})
   if momentum is None:  # No state to store, but the arguments still count.
     transform.check_storage_args(rounding=rounding, block_size=block_size,
                                  seed=seed, min_size=min_size)
-    formats_lib.check_bool(track_stalls, 'track_stalls')
+    validation.check_bool(track_stalls, 'track_stalls')
   moments = (optax.identity() if momentum is None else _wrap(
       optax.trace(decay=momentum, nesterov=nesterov), formats,
       rounding=rounding, block_size=block_size, seed=seed, min_size=min_size,

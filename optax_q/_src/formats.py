@@ -38,19 +38,16 @@ import functools
 import math
 import re
 import types
-import reprlib
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROUNDING_MODES = ('nearest', 'stochastic')
-SCALE_MODES = ('none', 'tensor', 'row', 'block')
-# Stochastic-rounding seeds, steps and streams are hashed as uint32.
-UINT32_MAX = 2**32 - 1
-# A larger block pads every row to it: 2**40 would allocate terabytes.
-MAX_BLOCK_SIZE = 2**20
+from optax_q._src import validation
+
+ROUNDING_MODES = validation.ROUNDING_MODES
+SCALE_MODES = validation.SCALE_MODES
+UINT32_MAX = validation.UINT32_MAX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,7 +381,7 @@ def check_format(fmt: Any, name: str) -> Format:
     return fmt
   if not isinstance(fmt, str):
     raise ValueError(
-        f'{name}={_short(fmt)}: a format must be a string or optax_q.Format. '
+        f'{name}={validation.short(fmt)}: a format must be a string or optax_q.Format. '
         f'Allowed: {_allowed()}. (Under '
         'optax.inject_hyperparams, list format arguments in static_args.)')
   key = fmt.strip().lower()
@@ -453,150 +450,3 @@ def unsigned_variant(fmt: str | Format) -> Format:
   return dataclasses.replace(fmt, positive_floor=True)
 
 
-STATIC_HINT = (' (Under optax.inject_hyperparams, list it in static_args: it '
-               'decides the state layout.)')
-
-
-def _short(value: Any) -> str:
-  """A repr of ``value`` short enough for an error message."""
-  return reprlib.repr(value)
-
-
-def _bound(n: int) -> str:
-  """``n`` as ``2**k`` or ``2**k - 1`` where that reads better."""
-  for k in range(16, 65):
-    if n == 2**k:
-      return f'2**{k}'
-    if n == 2**k - 1:
-      return f'2**{k} - 1'
-  return str(n)
-
-
-def _scalar(value: Any) -> Any:
-  """A 0-d NumPy array as its NumPy scalar; anything else unchanged."""
-  if isinstance(value, np.ndarray) and value.ndim == 0:
-    return value[()]
-  return value
-
-
-def _is_int(value: Any) -> bool:
-  """A Python or NumPy int (not a bool)."""
-  return (isinstance(value, (int, np.integer))
-          and not isinstance(value, (bool, np.bool_)))
-
-
-def check_rounding(rounding: str, name: str = 'rounding') -> str:
-  if not isinstance(rounding, str) or rounding not in ROUNDING_MODES:
-    raise ValueError(
-        f'{name} must be one of {ROUNDING_MODES}, got {_short(rounding)}.')
-  return rounding
-
-
-def check_scale(scale: str, name: str = 'scale') -> str:
-  if not isinstance(scale, str) or scale not in SCALE_MODES:
-    raise ValueError(
-        f'{name} must be one of {SCALE_MODES}, got {_short(scale)}.')
-  return scale
-
-
-def check_bool(value: Any, name: str) -> bool:
-  """A Python or NumPy bool, as a Python bool."""
-  if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f'{name} must be a bool, got {_short(value)}.')
-  return bool(value)
-
-
-def check_int(value: Any, name: str, *, low: int = 0, high: int | None = None,
-              what: str | None = None, traced: bool = False,
-              hint: str = '') -> Any:
-  """Checks an integer argument: a Python or NumPy int in ``[low, high]``.
-
-  Args:
-    value: The argument. Python ints, NumPy integer scalars and 0-d NumPy
-      integer arrays are accepted (not bools or floats, even integral ones).
-    name: The argument's name, for the error message.
-    low: Smallest allowed value.
-    high: Largest allowed value, or None for no bound.
-    what: What the argument must be, for the error message (by default
-      ``'an int >= {low}'`` or ``'an int in [{low}, {high}]'``).
-    traced: Also accept a scalar integer ``jax.Array``, traced or not (its
-      value is checked where concrete), and return it as it is.
-    hint: Added to the message when a ``jax.Array`` is rejected.
-
-  Returns:
-    ``value`` as a Python int (or the accepted ``jax.Array``).
-
-  Raises:
-    ValueError: naming ``name`` and the allowed values.
-  """
-  if what is None:
-    what = (f'an int >= {low}' if high is None
-            else f'an int in [{_bound(low)}, {_bound(high)}]')
-  want = f'{name} must be {what}'
-  if (traced and isinstance(value, jax.Array) and value.shape == ()
-      and jnp.issubdtype(value.dtype, jnp.integer)):
-    if not isinstance(value, jax.core.Tracer):
-      check_int(int(value), name, low=low, high=high, what=what)
-    return value
-  if not _is_int(_scalar(value)):
-    raise ValueError(f'{want}, got {_short(value)}.'
-                     + (hint if isinstance(value, jax.Array) else ''))
-  n = int(_scalar(value))
-  if n < low or (high is not None and n > high):
-    raise ValueError(f'{want}, got {n}.')
-  return n
-
-
-def check_seed(seed: Any, name: str = 'seed', *, traced: bool = False,
-               hint: str = '') -> Any:
-  """A stochastic-rounding seed: an int in ``[0, 2**32 - 1]``."""
-  return check_int(seed, name, high=UINT32_MAX, traced=traced, hint=hint)
-
-
-def check_block_size(block_size: Any, name: str = 'block_size') -> int:
-  """Elements per block: an even int in ``[2, MAX_BLOCK_SIZE]``."""
-  what = f'an even int in [2, {_bound(MAX_BLOCK_SIZE)}]'
-  block_size = check_int(block_size, name, low=2, high=MAX_BLOCK_SIZE,
-                         what=what, hint=STATIC_HINT)
-  if block_size % 2:
-    raise ValueError(f'{name} must be {what}, got {block_size}.')
-  return block_size
-
-
-def check_number(value: Any, name: str, *, low: float = 0.0,
-                 high: float | None = None, schedule: bool = False) -> Any:
-  """Checks a real hyperparameter: finite, in ``[low, high)``.
-
-  Args:
-    value: The argument. Python and NumPy numbers (0-d NumPy arrays too) are
-      checked; a ``jax.Array`` (such as a hyperparameter injected by
-      ``optax.inject_hyperparams``, maybe traced) is accepted unchecked, and
-      so is a callable when ``schedule``.
-    name: The argument's name, for the error message.
-    low: Smallest allowed value.
-    high: The allowed values lie below it; None for no bound.
-    schedule: Whether an Optax schedule (a callable) is allowed.
-
-  Returns:
-    A number as a Python float; an array or schedule as it is.
-
-  Raises:
-    ValueError: naming ``name`` and the allowed values.
-  """
-  if isinstance(value, jax.Array) or (schedule and callable(value)):
-    return value
-  allowed = f'>= {low:g}' if high is None else f'in [{low:g}, {high:g})'
-  want = (f'{name} must be a finite number {allowed}'
-          + (' or an Optax schedule' if schedule else ''))
-  x = _scalar(value)
-  if isinstance(x, (bool, np.bool_)) or not isinstance(
-      x, (int, float, np.integer, np.floating)):
-    raise ValueError(
-        f'{want}, got {_short(value)} of type {type(value).__name__}.')
-  try:
-    f = float(x)
-  except OverflowError:  # An int beyond the float range.
-    f = math.inf
-  if not (math.isfinite(f) and f >= low and (high is None or f < high)):
-    raise ValueError(f'{want}, got {_short(value)}.')
-  return f

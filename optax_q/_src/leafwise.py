@@ -44,8 +44,10 @@ sharded along its first axis is tiled shard by shard, without gathering.
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
+import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from jax import lax
@@ -130,6 +132,166 @@ def _structure(x):
   return jax.tree.structure(x, is_leaf=qarray_lib.is_qarray)
 
 
+def _is_scaled(x: Any) -> bool:
+  return qarray_lib.is_qarray(x) and x.scale is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where a state's parameter-shaped parts lie.
+
+  Attributes:
+    pdef: The parameters' tree structure.
+    grads: The incoming updates, one leaf per parameter.
+    params: The parameters' leaves, or None.
+    slots: The state flattened down to its parameter-shaped subtrees; other
+      slots are the leaves the parameters share (step counts).
+    sdef: The structure of ``slots``.
+    per_param: For each slot, its leaves by parameter, or None if shared.
+    base: Flat index (QArrays as leaves) of each slot's first leaf.
+  """
+
+  pdef: Any
+  grads: list[Any]
+  params: list[Any] | None
+  slots: list[Any]
+  sdef: Any
+  per_param: list[list[Any] | None]
+  base: list[int]
+
+  @property
+  def shaped(self) -> list[int]:
+    """The indices of the parameter-shaped slots."""
+    return [k for k, leaves in enumerate(self.per_param) if leaves is not None]
+
+  def entries(self, j: int) -> list[tuple[int, Any, int]]:
+    """Parameter ``j``'s state leaves: ``(slot, leaf, flat index)``."""
+    return [(k, self.per_param[k][j], self.base[k] + j) for k in self.shaped]
+
+  def param(self, j: int) -> Any:
+    return None if self.params is None else self.params[j]
+
+
+def plan_layout(updates: Any, old: Any, params: Any) -> Layout | None:
+  """The layout of ``old``, or None where the state is not per parameter.
+
+  None when nothing is quantized, when there are no parameters, or when a
+  quantized leaf lies outside every parameter-shaped subtree or holds its
+  codes in a box (an ``nnx.Variable``).
+  """
+  pdef = jax.tree.structure(updates)
+  grads = jax.tree.leaves(updates)
+  stored = jax.tree.leaves(old, is_leaf=qarray_lib.is_qarray)
+  if not grads or not any(map(qarray_lib.is_qarray, stored)):
+    return None
+  pshapes = [tuple(x.shape) for x in grads]
+
+  def is_param_shaped(x):
+    if x is None or _structure(x) != pdef:
+      return False
+    leaves = jax.tree.leaves(x, is_leaf=qarray_lib.is_qarray)
+    return all(hasattr(a, 'shape') and tuple(a.shape) == s
+               for a, s in zip(leaves, pshapes))
+
+  slots, sdef = jax.tree.flatten(
+      old, is_leaf=lambda x: qarray_lib.is_qarray(x) or is_param_shaped(x))
+  per_param, base, offset = [], [], 0
+  for slot in slots:
+    leaves = jax.tree.leaves(slot, is_leaf=qarray_lib.is_qarray)
+    shaped = is_param_shaped(slot)
+    quantized = [a for a in leaves if qarray_lib.is_qarray(a)]
+    if quantized and not shaped:
+      return None
+    if any(not isinstance(a.codes, jax.Array) for a in quantized):
+      return None  # Codes in a box (an nnx.Variable): keep the whole path.
+    per_param.append(leaves if shaped else None)
+    base.append(offset)
+    offset += len(leaves)
+  plist = None if params is None else pdef.flatten_up_to(params)
+  return Layout(pdef, grads, plist, slots, sdef, per_param, base)
+
+
+def isolated(lay: Layout, inner_update: Callable[..., Any],
+             extra_args: dict[str, Any], g, p, stored, roundings):
+  """The inner update on one parameter (or tile), cut off from the rest.
+
+  ``stored`` holds, per shaped slot, this parameter's stored state (a
+  :class:`QArray` or an array), decoded here with ``roundings``. The stored
+  inputs, with the shared scalars of the state (step counts), pass through
+  an optimization barrier tied to this parameter's gradient, so the
+  compiler sees the same graph for a parameter whatever else the tree
+  holds, how it is tiled or how it is partitioned: XLA rewrites arithmetic
+  such as a division by a broadcast bias correction differently when the
+  scalar is shared between leaves (Optax's own update of a leaf changes in
+  its last bit with the other leaves of the tree), and contracts
+  multiply-adds differently in differently compiled loop bodies. Per leaf,
+  the update and the new state are the same bits tiled or not, sharded or
+  not. The barrier stands before the decoding, so decoding still fuses
+  into the update: no float32 copy of the state is written.
+
+  Returns:
+    ``(update, new shaped-slot leaves, new shared slots)``.
+  """
+  shared = [slot for slot, leaves in zip(lay.slots, lay.per_param)
+            if leaves is None]
+  g, p, stored, shared = lax.optimization_barrier((g, p, stored, shared))
+  values = [decode_for_inner(x, r) for x, r in zip(stored, roundings)]
+  it_shared, it_values = iter(shared), iter(values)
+  state = lay.sdef.unflatten([
+      next(it_shared) if leaves is None else [next(it_values)]
+      for leaves in lay.per_param])
+  us, new = inner_update([g], state, None if p is None else [p], **extra_args)
+  new_slots = lay.sdef.flatten_up_to(new)
+  shaped = [s[0] for s, leaves in zip(new_slots, lay.per_param)
+            if leaves is not None]
+  rest = [s for s, leaves in zip(new_slots, lay.per_param) if leaves is None]
+  return list(us)[0], shaped, rest
+
+
+def _tiles_of(lay: Layout, j: int, tile_size: int | None) -> int:
+  """How many tiles parameter ``j`` is updated in (1: one call)."""
+  quantized = [x for _, x, _ in lay.entries(j) if qarray_lib.is_qarray(x)]
+  if not quantized:
+    return 1
+  modes = {x.scale_mode for x in quantized}
+  if 'tensor' in modes or modes == {'none'}:
+    # A tensor scale needs the whole leaf; unscaled codes (bf16) have no
+    # block maxima, and the compiler fuses their step without tiles.
+    return 1
+  if any(_explicitly_sharded(x) for x in (lay.grads[j], lay.param(j))
+         if x is not None):
+    return 1
+  return num_tiles(tuple(lay.grads[j].shape), tile_size)
+
+
+class _Run(NamedTuple):
+  """One step's per-parameter machinery, shared by tiled and untiled leaves."""
+
+  call: Callable[..., Any]  # ``isolated`` bound to the layout.
+  key_for: Callable[[int], jax.Array | None]
+  rounding_for: Callable[[int], str]
+  track_stalls: bool
+
+  def roundings(self, entries) -> list[str]:
+    return [self.rounding_for(i) for _, _, i in entries]
+
+
+def _untiled(run: _Run, lay: Layout, j: int, stalled: dict[int, Any]):
+  """Parameter ``j`` in one isolated call; its new state is encoded here."""
+  entries = lay.entries(j)
+  u, shaped, rest = run.call(
+      lay.grads[j], lay.param(j), [x for _, x, _ in entries],
+      run.roundings(entries))
+  new = []
+  for (_, x, i), n in zip(entries, shaped):
+    if qarray_lib.is_qarray(x):
+      n = qarray_lib.encode_like(x, n, key=run.key_for(i))
+      if run.track_stalls:
+        stalled[i] = stall(x, n)
+    new.append(n)
+  return u, new, rest
+
+
 def update(
     inner_update: Callable[..., Any],
     updates: Any,
@@ -139,7 +301,6 @@ def update(
     *,
     key_for: Callable[[int], jax.Array | None],
     rounding_for: Callable[[int], str],
-    block_size: int,
     tile_size: int | None,
     track_stalls: bool,
 ) -> tuple[Any, Any, dict[int, jax.Array]] | None:
@@ -154,239 +315,152 @@ def update(
     key_for: Stochastic-rounding key of the quantized leaf at a flat index
       of ``old`` (flattened with QArrays as leaves), None for nearest.
     rounding_for: Rounding of the quantized leaf at a flat index.
-    block_size: Default block size for encoding.
     tile_size: Most elements per tile, or None for no tiling.
     track_stalls: Whether to count unchanged codes.
 
   Returns:
     ``(new_updates, new_inner_state, {flat index: stalled fraction})``, or
-    None when the state is not laid out per parameter (a quantized leaf
-    outside a subtree shaped like the parameters, boxed codes, no
-    parameters): the caller then takes the whole-tree path.
+    None when the state is not laid out per parameter (see
+    :func:`plan_layout`) or holds only unscaled codes and nothing is tiled:
+    the caller then takes the whole-tree path.
   """
-  pdef = jax.tree.structure(updates)
-  pleaves = jax.tree.leaves(updates)
-  if not pleaves:
+  lay = plan_layout(updates, old, params)
+  if lay is None:
     return None
-  pshapes = [tuple(x.shape) for x in pleaves]
-  plist = None if params is None else pdef.flatten_up_to(params)
-
-  def is_param_shaped(x):
-    if x is None or _structure(x) != pdef:
-      return False
-    leaves = jax.tree.leaves(x, is_leaf=qarray_lib.is_qarray)
-    return all(hasattr(a, 'shape') and tuple(a.shape) == s
-               for a, s in zip(leaves, pshapes))
-
-  if not any(qarray_lib.is_qarray(x) for x in jax.tree.leaves(
-      old, is_leaf=qarray_lib.is_qarray)):
-    return None  # Nothing quantized: the inner update as it is.
-  slots, sdef = jax.tree.flatten(
-      old, is_leaf=lambda x: qarray_lib.is_qarray(x) or is_param_shaped(x))
-  per_param = []  # For each slot: its leaves by parameter, or None.
-  base = []  # Flat index (QArrays as leaves) of each slot's first leaf.
-  offset = 0
-  for slot in slots:
-    leaves = jax.tree.leaves(slot, is_leaf=qarray_lib.is_qarray)
-    shaped = is_param_shaped(slot)
-    if not shaped and any(qarray_lib.is_qarray(a) for a in leaves):
-      return None
-    if shaped and any(
-        qarray_lib.is_qarray(a) and not isinstance(a.codes, jax.Array)
-        for a in leaves):
-      return None  # Codes in a box (an nnx.Variable): keep the whole path.
-    per_param.append(leaves if shaped else None)
-    base.append(offset)
-    offset += len(leaves)
-
-  def isolated(g, p, stored, roundings):
-    """The inner update on one parameter (or tile), cut off from the rest.
-
-    ``stored`` holds, per shaped slot, this parameter's stored state (a
-    :class:`QArray` or an array), decoded here with ``roundings``. The
-    stored inputs, with the shared scalars of the state (step counts), pass
-    through an optimization barrier tied to this parameter's gradient, so
-    the compiler sees the same graph for a parameter whatever else the tree
-    holds, how it is tiled or how it is partitioned: XLA rewrites arithmetic
-    such as a division by a broadcast bias correction differently when the
-    scalar is shared between leaves (Optax's own update of a leaf changes in
-    its last bit with the other leaves of the tree), and contracts
-    multiply-adds differently in differently compiled loop bodies. Per
-    leaf, the update and the new state are the same bits tiled or not,
-    sharded or not. The barrier stands before the decoding, so decoding
-    still fuses into the update: no float32 copy of the state is written.
-    """
-    shared = [slot for slot, leaves in zip(slots, per_param)
-              if leaves is None]
-    g, p, stored, shared = lax.optimization_barrier((g, p, stored, shared))
-    values = [decode_for_inner(x, r) for x, r in zip(stored, roundings)]
-    it_shared, it_values = iter(shared), iter(values)
-    state = sdef.unflatten([
-        next(it_shared) if leaves is None else [next(it_values)]
-        for leaves in per_param])
-    us, new = inner_update([g], state, None if p is None else [p],
-                           **extra_args)
-    new_slots = sdef.flatten_up_to(new)
-    shaped = [s[0] for s, leaves in zip(new_slots, per_param)
-              if leaves is not None]
-    rest = [s for s, leaves in zip(new_slots, per_param) if leaves is None]
-    return list(us)[0], shaped, rest
-
-  shaped_slots = [k for k, leaves in enumerate(per_param) if leaves is not None]
-
-  def entries_of(j):
-    return [(k, per_param[k][j], base[k] + j) for k in shaped_slots]
-
-  def tiles_of(j):
-    entries = entries_of(j)
-    if not any(qarray_lib.is_qarray(x) for _, x, _ in entries):
-      return 1
-    modes = {x.scale_mode for _, x, _ in entries if qarray_lib.is_qarray(x)}
-    if 'tensor' in modes or modes == {'none'}:
-      # A tensor scale needs the whole leaf; unscaled codes (bf16) have no
-      # block maxima, and the compiler fuses their step without tiles.
-      return 1
-    if any(_explicitly_sharded(x) for x in (pleaves[j], None if plist is None
-                                            else plist[j]) if x is not None):
-      return 1
-    return num_tiles(pshapes[j], tile_size)
-
-  tiles = [tiles_of(j) for j in range(len(pleaves))]
+  tiles = [_tiles_of(lay, j, tile_size) for j in range(len(lay.grads))]
   if all(t == 1 for t in tiles) and not any(
-      qarray_lib.is_qarray(x) and x.scale is not None
-      for x in jax.tree.leaves(old, is_leaf=qarray_lib.is_qarray)):
+      map(_is_scaled, jax.tree.leaves(old, is_leaf=qarray_lib.is_qarray))):
     # Only unscaled codes (bf16, fp16) and nothing tiled: the whole-tree
     # path, whose arithmetic is Optax's own (``mu_format='bf16'`` is then
     # ``optax.adamw(mu_dtype=jnp.bfloat16)`` bit for bit). Such leaves are
     # never tiled, so tiled and untiled runs still agree.
     return None
+  run = _Run(functools.partial(isolated, lay, inner_update, extra_args),
+             key_for, rounding_for, track_stalls)
+  results, stalled = {}, {}
+  # Parameters that are not tiled: one isolated call each; then the large
+  # ones, one tiled loop each.
+  for j in sorted(range(len(tiles)), key=lambda j: tiles[j] != 1):
+    if tiles[j] == 1:
+      results[j] = _untiled(run, lay, j, stalled)
+    else:
+      results[j] = _tiled(run, lay, j, tiles[j], stalled)
+  return _reassemble(lay, results) + (stalled,)
 
-  new_leaves = [[None] * len(pleaves) if leaves is not None else None
-                for leaves in per_param]
-  new_updates = [None] * len(pleaves)
-  stalled = {}
-  rest_out = None
-  # Parameters that are not tiled: one isolated call each.
-  for j, t in enumerate(tiles):
-    if t != 1:
-      continue
-    entries = entries_of(j)
-    u, shaped, rest = isolated(
-        pleaves[j], None if plist is None else plist[j],
-        [x for _, x, _ in entries], [rounding_for(i) for _, _, i in entries])
-    new_updates[j] = u
-    if rest_out is None:
-      rest_out = rest
-    for (k, x, i), n in zip(entries, shaped):
-      if qarray_lib.is_qarray(x):
-        n = qarray_lib.encode(
-            jnp.asarray(n, jnp.float32), x.fmt, scale_mode=x.scale_mode,
-            block_size=x.block_size or block_size, key=key_for(i),
-            dtype=x.dtype)
-        if track_stalls:
-          stalled[i] = stall(x, n)
-      new_leaves[k][j] = n
-  # Large parameters: one tiled loop each.
-  for j, t in enumerate(tiles):
-    if t == 1:
-      continue
-    p = None if plist is None else plist[j]
-    entries = entries_of(j)
-    u, shaped, rest = _tiled(
-        isolated, pleaves[j], p, entries, t, key_for=key_for,
-        rounding_for=rounding_for, block_size=block_size,
-        track_stalls=track_stalls, stalled=stalled)
-    for (k, _, _), n in zip(entries, shaped):
-      new_leaves[k][j] = n
-    new_updates[j] = u
-    if rest_out is None:
-      rest_out = rest
 
-  rest_it = iter(rest_out)
+def _reassemble(lay: Layout, results: dict[int, tuple[Any, list, list]]):
+  """``(new updates, new state)`` from each parameter's results."""
+  order = sorted(results)
+  first = next(j for j in results)  # The shared outputs of the first call.
+  rest_it = iter(results[first][2])
+  by_slot = dict(zip(lay.shaped, zip(*(results[j][1] for j in order))))
   new_slots = [
-      pdef.unflatten(new_leaves[k]) if per_param[k] is not None
-      else next(rest_it) for k in range(len(slots))]
-  return pdef.unflatten(new_updates), sdef.unflatten(new_slots), stalled
+      lay.pdef.unflatten(list(by_slot[k])) if lay.per_param[k] is not None
+      else next(rest_it) for k in range(len(lay.slots))]
+  return (lay.pdef.unflatten([results[j][0] for j in order]),
+          lay.sdef.unflatten(new_slots))
 
 
-def _tiled(isolated, g, p, entries, tiles, *, key_for, rounding_for,
-           block_size, track_stalls, stalled):
-  """One parameter in ``tiles`` tiles of rows, by a loop.
+def _split(x: jax.Array, tiles: int) -> jax.Array:
+  """The ``(rows / tiles, tiles, ...)`` view whose axis 1 indexes tiles."""
+  return x.reshape((x.shape[0] // tiles, tiles) + tuple(x.shape[1:]))
 
-  ``entries`` are its state leaves ``(slot, leaf, flat index)``; returns its
-  update, new state leaves and the shared outputs, and records stalled
-  fractions in ``stalled``. The new state overwrites the old one tile by
-  tile, in place, unless stalls are counted (see the loop). The update and
-  the shared outputs (step counts) come from one more call of the inner
-  update on the whole leaf, outside the loop, whose state outputs are
-  dropped.
-  """
-  shape = tuple(g.shape)
-  rows = shape[0] // tiles
-  tile_shape = (rows,) + shape[1:]
 
-  def split(x):
-    return x.reshape((rows, tiles) + tuple(x.shape[1:]))
+def _take(x: jax.Array, t) -> jax.Array:
+  return lax.dynamic_index_in_dim(x, t, axis=1, keepdims=False)
 
-  def take(x, t):
-    return lax.dynamic_index_in_dim(x, t, axis=1, keepdims=False)
 
-  def put(x, v, t):
-    return lax.dynamic_update_index_in_dim(x, v, t, axis=1)
-
-  g_split = split(g)
-  p_split = None if p is None else split(p)
-  olds = []  # Per entry: (codes bits, scales) of a QArray, else the array.
+def _tile_sources(entries, tiles: int) -> list[Any]:
+  """Per entry: the split (codes bits, scales) of a QArray, else the array."""
+  out = []
   for _, x, _ in entries:
     if qarray_lib.is_qarray(x):
-      olds.append((split(_to_bits(x.codes)),
-                   None if x.scale is None else split(x.scale)))
+      out.append((_split(_to_bits(x.codes), tiles),
+                  None if x.scale is None else _split(x.scale, tiles)))
     else:
-      olds.append(split(x))
+      out.append(_split(x, tiles))
+  return out
 
-  def tile_step(t, src):
-    src = jax.tree.map(lambda b: take(b, t), src)
-    stored, old_q = [], []
-    for (_, x, _), old in zip(entries, src):
-      if qarray_lib.is_qarray(x):
-        codes, scale = old
-        q = QArray(_from_bits(codes, x.codes.dtype), scale, x.fmt,
+
+def _tile_step(run: _Run, entries, g_split, p_split, tiles: int,
+               tile_shape, t, src):
+  """Tile ``t``: decode, inner update, encode; ``(outputs, counts)``."""
+  src = jax.tree.map(lambda b: _take(b, t), src)
+  stored = []
+  for (_, x, _), old in zip(entries, src):
+    if qarray_lib.is_qarray(x):
+      codes, scale = old
+      old = QArray(_from_bits(codes, x.codes.dtype), scale, x.fmt,
                    tile_shape, x.dtype, x.scale_mode, x.block_size)
-        stored.append(q)
-        old_q.append(q)
-      else:
-        stored.append(old)
-        old_q.append(None)
-    _, shaped, _ = isolated(
-        take(g_split, t), None if p_split is None else take(p_split, t),
-        stored, [rounding_for(i) for _, _, i in entries])
-    outs, counts = [], []
-    for (_, x, i), q_old, n in zip(entries, old_q, shaped):
-      if q_old is None:
-        outs.append(n)
-        continue
-      q = qarray_lib.encode(
-          jnp.asarray(n, jnp.float32), x.fmt, scale_mode=x.scale_mode,
-          block_size=x.block_size or block_size, key=key_for(i),
-          dtype=x.dtype, row_stride=tiles, row_offset=t)
-      outs.append((_to_bits(q.codes), q.scale))
-      if track_stalls:
-        counts.append(qarray_lib.unchanged_count(q_old, q))
-    return outs, counts
+    stored.append(old)
+  _, shaped, _ = run.call(
+      _take(g_split, t), None if p_split is None else _take(p_split, t),
+      stored, run.roundings(entries))
+  outs, counts = [], []
+  for (_, x, i), q_old, n in zip(entries, stored, shaped):
+    if not qarray_lib.is_qarray(x):
+      outs.append(n)
+      continue
+    q = qarray_lib.encode_like(q_old, n, key=run.key_for(i),
+                               row_stride=tiles, row_offset=t)
+    outs.append((_to_bits(q.codes), q.scale))
+    if run.track_stalls:
+      counts.append(qarray_lib.unchanged_count(q_old, q))
+  return outs, counts
 
-  # The new state, written tile by tile, and the unchanged-code counts.
-  # Without stall counts the loop carries the old state and overwrites it
-  # tile by tile (tile t is read before it is written, and by no other
-  # tile). The stall count reads the old tile once more, after the write,
-  # and the compiler would then copy the whole buffer on every iteration:
-  # with it, the loop reads the old state and fills separate buffers. So it
-  # does for 256-entry tables (int8_dynamic), whose gathers made the
-  # in-place loop up to 17% slower on XLA:CPU, measured side by side (fp8,
-  # int4 and fp4 steps were 1-18% faster in place, with less memory).
-  out_shapes, count_shapes = jax.eval_shape(
-      lambda: tile_step(jnp.int32(0), olds))
-  full = lambda s: jnp.zeros((rows, tiles) + s.shape[1:], s.dtype)  # noqa: E731
-  in_place = not track_stalls and not any(
+
+def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
+           stalled: dict[int, Any]):
+  """Parameter ``j`` in ``tiles`` tiles of rows, by a loop.
+
+  Returns its update, new state leaves and the shared outputs, and records
+  stalled fractions in ``stalled``. The update and the shared outputs (step
+  counts) come from one more call of the inner update on the whole leaf,
+  outside the loop, whose state outputs are dropped: it is elementwise, so
+  the compiler fuses it into whatever consumes it (``apply_updates``)
+  instead of the loop writing it out.
+  """
+  g, p, entries = lay.grads[j], lay.param(j), lay.entries(j)
+  shape = tuple(g.shape)
+  olds = _tile_sources(entries, tiles)
+  step = functools.partial(
+      _tile_step, run, entries, _split(g, tiles),
+      None if p is None else _split(p, tiles), tiles,
+      (shape[0] // tiles,) + shape[1:])
+  bufs, counts = _tile_loop(run, entries, step, olds, tiles)
+  u, _, rest = run.call(g, p, [x for _, x, _ in entries],
+                        run.roundings(entries))
+  shaped, count_it = [], iter(counts)
+  for (_, x, i), buf in zip(entries, bufs):
+    if not qarray_lib.is_qarray(x):
+      shaped.append(buf.reshape(shape))
+      continue
+    codes, scale = buf
+    shaped.append(QArray(
+        _from_bits(codes.reshape(x.codes.shape), x.codes.dtype),
+        None if scale is None else scale.reshape(x.scale.shape), x.fmt,
+        x.shape, x.dtype, x.scale_mode, x.block_size))
+    if run.track_stalls:
+      stalled[i] = next(count_it) / jnp.float32(max(x.size, 1))
+  return u, shaped, rest
+
+
+def _tile_loop(run: _Run, entries, step, olds, tiles: int):
+  """Runs ``step`` over the tiles: ``(new split buffers, unchanged counts)``.
+
+  Without stall counts the loop carries the old state and overwrites it
+  tile by tile (tile t is read before it is written, and by no other tile).
+  The stall count reads the old tile once more, after the write, and the
+  compiler would then copy the whole buffer on every iteration: with it,
+  the loop reads the old state and fills separate buffers. So it does for
+  256-entry tables (int8_dynamic), whose gathers made the in-place loop up
+  to 17% slower on XLA:CPU, measured side by side (fp8, int4 and fp4 steps
+  were 1-18% faster in place, with less memory).
+  """
+  out_shapes, count_shapes = jax.eval_shape(lambda: step(jnp.int32(0), olds))
+  full = lambda s: jnp.zeros(  # noqa: E731
+      (s.shape[0], tiles) + s.shape[1:], s.dtype)
+  in_place = not run.track_stalls and not any(
       qarray_lib.is_qarray(x) and rounding_lib.bucketed(x.fmt.table)
       for _, x, _ in entries)
   carry0 = (olds if in_place else jax.tree.map(full, out_shapes),
@@ -394,30 +468,10 @@ def _tiled(isolated, g, p, entries, tiles, *, key_for, rounding_for,
 
   def body(t, carry):
     bufs, counts = carry
-    outs, new_counts = tile_step(t, bufs if in_place else olds)
-    bufs = jax.tree.map(lambda b, v: put(b, v.astype(b.dtype), t), bufs, outs)
-    counts = [c + n for c, n in zip(counts, new_counts)]
-    return bufs, counts
+    outs, new_counts = step(t, bufs if in_place else olds)
+    bufs = jax.tree.map(
+        lambda b, v: lax.dynamic_update_index_in_dim(
+            b, v.astype(b.dtype), t, axis=1), bufs, outs)
+    return bufs, [c + n for c, n in zip(counts, new_counts)]
 
-  bufs, counts = lax.fori_loop(0, tiles, body, carry0)
-
-  # The update, from the whole leaf's old state: elementwise, so the
-  # compiler fuses it into whatever consumes it (``apply_updates``) instead
-  # of the loop writing it out; the inner update's state outputs are unused
-  # here, and dropped.
-  u, _, rest = isolated(g, p, [x for _, x, _ in entries],
-                        [rounding_for(i) for _, _, i in entries])
-
-  shaped, count_it = [], iter(counts)
-  for (_, x, i), buf in zip(entries, bufs):
-    if qarray_lib.is_qarray(x):
-      codes, scale = buf
-      shaped.append(QArray(
-          _from_bits(codes.reshape(x.codes.shape), x.codes.dtype),
-          None if scale is None else scale.reshape(x.scale.shape), x.fmt,
-          x.shape, x.dtype, x.scale_mode, x.block_size))
-      if track_stalls:
-        stalled[i] = next(count_it) / jnp.float32(max(x.size, 1))
-    else:
-      shaped.append(buf.reshape(shape))
-  return u, shaped, rest
+  return lax.fori_loop(0, tiles, body, carry0)

@@ -66,6 +66,7 @@ from optax_q._src import formats as formats_lib
 from optax_q._src import minifloat
 from optax_q._src import packing
 from optax_q._src import rounding as rounding_lib
+from optax_q._src import validation
 
 Format = formats_lib.Format
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -107,9 +108,9 @@ class QArray:
   @property
   def nbytes(self) -> int:
     """Real bytes of the buffers (codes plus scales)."""
-    n = _leaf_nbytes(self.codes)
+    n = nbytes_of(self.codes)
     if self.scale is not None:
-      n += _leaf_nbytes(self.scale)
+      n += nbytes_of(self.scale)
     return n
 
 
@@ -144,9 +145,8 @@ jax.tree_util.register_pytree_with_keys(
     QArray, _flatten_with_keys, _unflatten, _flatten)
 
 
-def _leaf_nbytes(x: Any) -> int:
-  if hasattr(x, 'nbytes') and not isinstance(x, jax.ShapeDtypeStruct):
-    return int(x.nbytes)
+def nbytes_of(x: Any) -> int:
+  """Bytes of one buffer (an array or its ``ShapeDtypeStruct``); 0 else."""
   if hasattr(x, 'shape') and hasattr(x, 'dtype'):
     return int(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize)
   return 0
@@ -168,10 +168,12 @@ def scale_shape(shape, scale_mode: str, block_size: int) -> tuple[int, ...]:
   return tuple(shape[:-1]) + (-(-shape[-1] // block_size),)
 
 
-def _check_layout(fmt: Format, scale_mode: str) -> None:
+def check_layout(fmt: Format, scale_mode: str, name: str = 'scale_mode'
+                 ) -> None:
+  """Raises unless ``fmt`` can be stored with ``scale_mode``."""
   if scale_mode == 'none' and fmt.kind != 'float':
     raise ValueError(
-        f"scale='none' is only valid for float formats, not {fmt.name!r}; "
+        f"{name}='none' is only valid for float formats, not {fmt.name!r}; "
         f"use one of {formats_lib.SCALE_MODES[1:]}.")
 
 
@@ -434,6 +436,26 @@ def encode(
                 block_size if scale_mode == 'block' else 0)
 
 
+def encode_like(
+    q: QArray,
+    x: Any,
+    *,
+    key: jax.Array | None,
+    row_stride: int = 1,
+    row_offset: jax.Array | int = 0,
+) -> QArray:
+  """Encodes ``x`` with the layout of ``q`` (format, scales, logical dtype).
+
+  The one way the library re-encodes a stored leaf (after an update, at a
+  reset, tile by tile): ``x`` is taken as float32. ``key``, ``row_stride``
+  and ``row_offset`` are as for :func:`encode`.
+  """
+  return encode(
+      jnp.asarray(x, jnp.float32), q.fmt, scale_mode=q.scale_mode,
+      block_size=q.block_size or 2, key=key, dtype=q.dtype,
+      row_stride=row_stride, row_offset=row_offset)
+
+
 def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
   """Decodes a :class:`QArray` to ``dtype`` (float32 by default)."""
   shape = q.shape
@@ -467,12 +489,13 @@ def quantize(
     x: jax.Array,
     fmt: str | Format,
     *,
-    scale: str | None = None,
+    scale_mode: str | None = None,
     block_size: int = 128,
     rounding: str = 'nearest',
     seed: int = 0,
     step: int | jax.Array = 0,
     stream: int = 0,
+    scale: str | None = None,
 ) -> QArray:
   """Quantizes ``x`` into a :class:`QArray`.
 
@@ -485,10 +508,10 @@ def quantize(
     x: The array to quantize (any float dtype; scalars and empty arrays are
       fine).
     fmt: A format name or :class:`Format` (see :func:`get_format`).
-    scale: ``'none'``, ``'tensor'``, ``'row'`` or ``'block'``; the default is
-      ``'block'`` for formats with a narrow range (fp8, fp4, int, dynamic,
-      simulated formats with fewer than 8 exponent bits) and ``'none'`` for
-      ``fp32``, ``bf16`` and ``fp16``.
+    scale_mode: ``'none'``, ``'tensor'``, ``'row'`` or ``'block'``; the
+      default is ``'block'`` for formats with a narrow range (fp8, fp4, int,
+      dynamic, simulated formats with fewer than 8 exponent bits) and
+      ``'none'`` for ``fp32``, ``bf16`` and ``fp16``.
     block_size: Elements per scale along the last axis for ``'block'``; a
       last axis not divisible by it ends in a shorter block.
     rounding: ``'nearest'`` (round half to even) or ``'stochastic'``
@@ -500,6 +523,7 @@ def quantize(
       ``[0, 2**32 - 1]`` or a scalar integer array (may be traced).
     stream: Static integer separating independent streams (e.g. leaves), in
       ``[0, 2**32 - 1]``.
+    scale: Deprecated name of ``scale_mode``.
 
   Returns:
     A :class:`QArray` whose :func:`dequantize` approximates ``x``.
@@ -517,17 +541,19 @@ def quantize(
     Li et al, `Memory Efficient Optimizers with 4-bit States
     <https://arxiv.org/abs/2309.01507>`_, 2023
   """
+  name, scale_mode = validation.renamed('scale', scale, 'scale_mode',
+                                        scale_mode)
   fmt = formats_lib.check_format(fmt, 'fmt')
-  scale = formats_lib.check_scale(
-      default_scale_mode(fmt) if scale is None else scale)
-  block_size = formats_lib.check_block_size(block_size)
-  formats_lib.check_rounding(rounding)
-  seed = formats_lib.check_seed(seed, traced=True)
-  step = formats_lib.check_int(step, 'step', high=formats_lib.UINT32_MAX,
+  scale_mode = validation.check_scale(
+      default_scale_mode(fmt) if scale_mode is None else scale_mode, name)
+  block_size = validation.check_block_size(block_size)
+  validation.check_rounding(rounding)
+  seed = validation.check_seed(seed, traced=True)
+  step = validation.check_int(step, 'step', high=formats_lib.UINT32_MAX,
                                traced=True)
-  stream = formats_lib.check_int(stream, 'stream',
+  stream = validation.check_int(stream, 'stream',
                                  high=formats_lib.UINT32_MAX)
-  _check_layout(fmt, scale)
+  check_layout(fmt, scale_mode, name)
   try:
     array = jnp.asarray(x)
   except (TypeError, ValueError):
@@ -541,7 +567,7 @@ def quantize(
   key = None
   if rounding == 'stochastic':
     key = rounding_lib.stream_key(seed, step, stream)
-  return encode(x, fmt, scale_mode=scale, block_size=block_size, key=key)
+  return encode(x, fmt, scale_mode=scale_mode, block_size=block_size, key=key)
 
 
 def dequantize(q: QArray, dtype: Any = None) -> jax.Array:

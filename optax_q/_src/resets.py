@@ -55,6 +55,7 @@ from optax_q._src import formats as formats_lib
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import theory
 from optax_q._src import transform
+from optax_q._src import validation
 
 QArray = qarray_lib.QArray
 
@@ -738,11 +739,11 @@ def scale_by_adam_local_age(
     in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
     State Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (App. A.7)
   """
-  b1 = formats_lib.check_number(b1, 'b1', high=1.0)
-  b2 = formats_lib.check_number(b2, 'b2', high=1.0)
-  eps = formats_lib.check_number(eps, 'eps')
-  eps_root = formats_lib.check_number(eps_root, 'eps_root')
-  nesterov = formats_lib.check_bool(nesterov, 'nesterov')
+  b1 = validation.check_number(b1, 'b1', high=1.0)
+  b2 = validation.check_number(b2, 'b2', high=1.0)
+  eps = validation.check_number(eps, 'eps')
+  eps_root = validation.check_number(eps_root, 'eps_root')
+  nesterov = validation.check_bool(nesterov, 'nesterov')
   mu_dtype = None if mu_dtype is None else jnp.dtype(mu_dtype)
   bound = _update_bound(b1, b2, nesterov)
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from optax_q._src import formats as formats_lib
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import transform
+from optax_q._src import validation
 
 
 def _nbytes(x: Any) -> int:
@@ -70,7 +71,7 @@ def state_bits_per_element(state: Any, *, quantized_only: bool = False
     state: Any optimizer state.
     quantized_only: Count only the quantized leaves.
   """
-  quantized_only = formats_lib.check_bool(quantized_only, 'quantized_only')
+  quantized_only = validation.check_bool(quantized_only, 'quantized_only')
   leaves = [l for l in _moment_leaves(state) if l[2] or not quantized_only]
   elements = sum(l[0] for l in leaves)
   if not elements:

@@ -23,9 +23,9 @@ quantized, and how, is decided at ``init`` from static information only
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 import dataclasses
-import math
+import functools
 from typing import Any, NamedTuple, Union
 
 import jax
@@ -36,6 +36,8 @@ from optax_q._src import formats as formats_lib
 from optax_q._src import leafwise
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import rounding as rounding_lib
+from optax_q._src import state_tree
+from optax_q._src import validation
 
 Format = formats_lib.Format
 QArray = qarray_lib.QArray
@@ -44,13 +46,24 @@ FormatSpec = Union[
     str, Format, Mapping[str, Union[str, Format, None]],
     Callable[[str, jax.Array], Union[str, Format, None]], None]
 
-# State fields that hold non-negative statistics (second moments): signed
-# codebooks are swapped for their unsigned variant there, and an unsigned
-# format is only accepted there.
+# State fields that hold non-negative statistics (second moments) unless the
+# caller declares others: signed codebooks are swapped for their unsigned
+# variant there, and an unsigned format is only accepted there.
 NONNEGATIVE_FIELDS = frozenset({
     'nu', 'v', 'sum_of_squares', 'grad_sum_of_squares', 'nu_hat',
     'exp_avg_sq', 'acc', 'e_g', 'e_x', 'v_row', 'v_col',
 })
+
+DEFAULT_SEED = 0
+DEFAULT_MIN_SIZE = 4096
+DEFAULT_BLOCK_SIZE = 128
+DEFAULT_TILE_SIZE = 2**18
+
+# Re-exported: the walkers of state trees live in ``state_tree``.
+path_str = state_tree.path_str
+field_name = state_tree.field_name
+probe_state = state_tree.probe_state
+check_known_fields = validation.check_known
 
 
 class QuantizedState(NamedTuple):
@@ -71,209 +84,58 @@ class QuantizedState(NamedTuple):
   stalled: Any
 
 
-def path_str(path) -> str:
-  """A readable ``a/b/c`` name for a pytree key path."""
-  parts = []
-  for k in path:
-    if isinstance(k, jax.tree_util.GetAttrKey):
-      parts.append(k.name)
-    elif isinstance(k, jax.tree_util.DictKey):
-      parts.append(str(k.key))
-    elif isinstance(k, jax.tree_util.SequenceKey):
-      parts.append(str(k.idx))
-    else:
-      parts.append(str(k))
-  return '/'.join(parts)
-
-
-def field_name(path, root: Any = None) -> str | None:
-  """The innermost state field (``GetAttrKey``) on ``path``, e.g. ``'mu'``.
-
-  With ``root`` (the tree ``path`` indexes), the ``value`` attribute of a
-  box around a leaf, such as a Flax NNX ``Variable`` or a Linen
-  ``Partitioned``, is not taken for a field: under ``nnx.Optimizer`` the
-  path of a first moment is ``mu/<param path>/value``.
-  """
-  name = None
-  node = root
-  for k in path:
-    if isinstance(k, jax.tree_util.GetAttrKey) and not (
-        root is not None and k.name == 'value' and not _is_namedtuple(node)):
-      name = k.name
-    node = _child(node, k)
-  return name
-
-
-def _is_namedtuple(x) -> bool:
-  return isinstance(x, tuple) and hasattr(x, '_fields')
-
-
-def _child(node, key):
-  """``node``'s child at ``key``, or None when it can't be resolved."""
-  try:
-    if isinstance(key, jax.tree_util.GetAttrKey) and _is_namedtuple(node):
-      return getattr(node, key.name)
-    if isinstance(key, jax.tree_util.DictKey) and isinstance(node, dict):
-      return node[key.key]
-    if isinstance(key, jax.tree_util.SequenceKey) and isinstance(
-        node, (list, tuple)):
-      return node[key.idx]
-    # Other nodes (boxes, dataclasses): look the key up among the children,
-    # without attribute access (which Flax deprecates for ``.value``).
-    for path, child in jax.tree_util.tree_flatten_with_path(
-        node, is_leaf=lambda y: y is not node)[0]:
-      if path == (key,):
-        return child
-  except Exception:  # pylint: disable=broad-except
-    pass
-  return None
-
-
-def _field_names(state) -> set[str]:
-  names = set()
-  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-    if _is_float_array(leaf):
-      name = field_name(path, state)
-      if name is not None:
-        names.add(name)
-  return names
-
-
-def _is_box(x) -> bool:
-  """Whether ``x`` is a box around one float array, as an ``nnx.Variable``.
-
-  A box is a pytree node other than a NamedTuple, a container or a
-  :class:`QArray`, whose only child is a float array under the attribute
-  ``value`` (Flax NNX ``Variable``, Linen ``Partitioned``).
-  """
-  if (x is None or _is_namedtuple(x) or qarray_lib.is_qarray(x)
-      or isinstance(x, (list, tuple, dict, jax.Array, jax.ShapeDtypeStruct))
-      or jax.tree_util.all_leaves([x])):
-    return False
-  children = jax.tree_util.tree_flatten_with_path(
-      x, is_leaf=lambda y: y is not x)[0]
-  return (len(children) == 1
-          and children[0][0] == (jax.tree_util.GetAttrKey('value'),)
-          and _is_float_array(children[0][1]))
-
-
-def _buffer_bytes(x) -> int:
-  if x is None:
-    return 0
-  return math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
-
-
-def _rebox(box, value):
-  """``box`` with its one child replaced by ``value`` (metadata kept)."""
-  return jax.tree.structure(box).unflatten([value])
-
-
-def _is_float_array(x) -> bool:
-  return (hasattr(x, 'shape') and hasattr(x, 'dtype')
-          and jnp.issubdtype(x.dtype, jnp.floating))
-
-
-def _check_formats(formats: FormatSpec) -> FormatSpec:
+def _check_formats(formats: FormatSpec, nonnegative: frozenset[str]
+                   ) -> FormatSpec:
   """Resolves format names early (a ValueError names the bad argument)."""
   if formats is None or callable(formats) and not isinstance(formats, Format):
     return formats
   if isinstance(formats, (str, Format)):
     return formats_lib.check_format(formats, 'formats')
-  if isinstance(formats, Mapping):
-    out = {}
-    for key, fmt in formats.items():
-      if not isinstance(key, str):
-        raise ValueError(
-            f'formats keys must be state field names (str), got {key!r}.')
-      fmt = (None if fmt is None
-             else formats_lib.check_format(fmt, f'formats[{key!r}]'))
-      if fmt is not None and not fmt.signed and key not in NONNEGATIVE_FIELDS:
-        raise ValueError(
-            f'formats[{key!r}]={fmt.name!r} is unsigned, but {key!r} is a '
-            'signed state field; unsigned formats are allowed for '
-            f'{sorted(NONNEGATIVE_FIELDS)}.')
-      out[key] = fmt
-    return out
-  raise ValueError(
-      'formats must be a format name, a Format, a dict {field: format} or a '
-      f'callable (path, leaf) -> format, got {type(formats).__name__}.')
-
-
-def probe_state(inner: optax.GradientTransformation) -> Any:
-  """``inner``'s abstract state on a small probe tree, or None if unknown."""
-  probe = {'w': jax.ShapeDtypeStruct((8, 8), jnp.float32)}
-  try:
-    return jax.eval_shape(inner.init, probe)
-  except Exception:  # pylint: disable=broad-except
-    return None
-
-
-def check_known_fields(argname: str, names, known: set[str] | None,
-                       kind: str) -> None:
-  """Raises if ``names`` holds fields the probed state lacks (``known``)."""
-  if known is None:
-    return
-  unknown = sorted(set(names) - known)
-  if unknown:
+  if not isinstance(formats, Mapping):
     raise ValueError(
-        f'{argname} names unknown state field(s) {unknown}; the state of '
-        f'this transform has {kind} fields {sorted(known)}.')
-
-
-def _probe_fields(inner: optax.GradientTransformation) -> set[str] | None:
-  """Field names of ``inner``'s state on a probe tree, or None if unknown."""
-  state = probe_state(inner)
-  return None if state is None else _field_names(state)
-
-
-def _leaf_format(formats, path, leaf, root=None) -> Format | None:
-  """The format of one state leaf, or None to keep it as it is."""
-  name = field_name(path, root)
-  if formats is None:
-    return None
-  if isinstance(formats, Format):
-    fmt = formats
-  elif isinstance(formats, Mapping):
-    fmt = formats.get(name)
-  else:
-    fmt = formats(path_str(path), leaf)
-    fmt = None if fmt is None else formats_lib.get_format(fmt)
-  if fmt is None:
-    return None
-  if name in NONNEGATIVE_FIELDS:
-    fmt = formats_lib.unsigned_variant(fmt)
-  elif not fmt.signed:
-    raise ValueError(
-        f'format {fmt.name!r} is unsigned but state leaf '
-        f'{path_str(path)!r} may be negative; use a signed format there.')
-  return fmt
+        'formats must be a format name, a Format, a dict {field: format} or '
+        f'a callable (path, leaf) -> format, got {type(formats).__name__}.')
+  validation.check_field_keys(formats, 'formats')
+  out = {}
+  for key, fmt in formats.items():
+    fmt = (None if fmt is None
+           else formats_lib.check_format(fmt, f'formats[{key!r}]'))
+    if fmt is not None and not fmt.signed and key not in nonnegative:
+      raise ValueError(
+          f'formats[{key!r}]={fmt.name!r} is unsigned, but {key!r} is a '
+          'signed state field; unsigned formats are allowed for '
+          f'{sorted(nonnegative)}.')
+    out[key] = fmt
+  return out
 
 
 def _check_rounding(rounding: Any) -> str | dict[str, str]:
   """A rounding name, or a dict {field: rounding name}, checked early."""
-  if isinstance(rounding, Mapping):
-    out = {}
-    for key, mode in rounding.items():
-      if not isinstance(key, str):
-        raise ValueError(
-            f'rounding keys must be state field names (str), got {key!r}.')
-      out[key] = formats_lib.check_rounding(mode, f'rounding[{key!r}]')
-    return out
-  return formats_lib.check_rounding(rounding)
+  if not isinstance(rounding, Mapping):
+    return validation.check_rounding(rounding)
+  validation.check_field_keys(rounding, 'rounding')
+  return {key: validation.check_rounding(mode, f'rounding[{key!r}]')
+          for key, mode in rounding.items()}
 
 
 def check_storage_args(*, rounding: Any, block_size: Any, seed: Any,
-                       min_size: Any) -> tuple[Any, int, int, int]:
+                       min_size: Any) -> tuple[Any, int, Any, int]:
   """Checks the storage arguments of :func:`quantize_state`.
 
-  Returns ``(rounding, block_size, seed, min_size)``, the numbers as Python
-  ints; a ValueError names the bad argument and the allowed values.
+  Returns ``(rounding, block_size, seed, min_size)``; None stands for the
+  default, the numbers become Python ints (a seed may be a scalar integer
+  ``jax.Array``, as ``optax.inject_hyperparams`` injects it); a ValueError
+  names the bad argument and the allowed values.
   """
-  hint = formats_lib.STATIC_HINT
-  return (_check_rounding(rounding),
-          formats_lib.check_block_size(block_size),
-          formats_lib.check_seed(seed, hint=hint),
-          formats_lib.check_int(min_size, 'min_size', hint=hint))
+  hint = validation.STATIC_HINT
+  return (
+      _check_rounding(rounding),
+      validation.check_block_size(
+          DEFAULT_BLOCK_SIZE if block_size is None else block_size),
+      validation.check_seed(DEFAULT_SEED if seed is None else seed,
+                            traced=True),
+      validation.check_int(DEFAULT_MIN_SIZE if min_size is None else min_size,
+                           'min_size', hint=hint))
 
 
 def leaf_rounding(rounding: str | Mapping[str, str],
@@ -284,18 +146,238 @@ def leaf_rounding(rounding: str | Mapping[str, str],
   return rounding
 
 
+@dataclasses.dataclass(frozen=True)
+class StorageConfig:
+  """How :func:`quantize_state` stores a state; checked when made.
+
+  Every argument is checked and canonicalised on construction (a
+  ``ValueError`` names the bad one); see :func:`quantize_state` for their
+  meaning. ``None`` stands for the default of ``seed`` (0), ``min_size``
+  (4096) and ``block_size`` (128), so that ``optax.inject_hyperparams``,
+  which injects every int it is given, leaves the defaults static.
+  """
+
+  formats: FormatSpec = 'int8_dynamic'
+  rounding: str | Mapping[str, str] = 'stochastic'
+  seed: Any = None
+  min_size: Any = None
+  block_size: Any = None
+  scale_mode: str | None = None
+  track_stalls: bool = True
+  elementwise: bool = False
+  tile_size: int | None = DEFAULT_TILE_SIZE
+  nonnegative_fields: frozenset[str] = NONNEGATIVE_FIELDS
+
+  def __post_init__(self):
+    nonnegative = frozenset(validation.check_names(
+        self.nonnegative_fields, 'nonnegative_fields'))
+    rounding, block_size, seed, min_size = check_storage_args(
+        rounding=self.rounding, block_size=self.block_size, seed=self.seed,
+        min_size=self.min_size)
+    tile_size = self.tile_size
+    if tile_size is not None:
+      tile_size = validation.check_int(
+          tile_size, 'tile_size', low=1, what='a positive int or None')
+    checked = dict(
+        nonnegative_fields=nonnegative, rounding=rounding,
+        block_size=block_size, seed=seed, min_size=min_size,
+        formats=_check_formats(self.formats, nonnegative),
+        scale_mode=None if self.scale_mode is None else
+        validation.check_scale(self.scale_mode),
+        track_stalls=validation.check_bool(self.track_stalls, 'track_stalls'),
+        elementwise=validation.check_bool(self.elementwise, 'elementwise'),
+        tile_size=tile_size)
+    for name, value in checked.items():
+      object.__setattr__(self, name, value)
+
+  def check_fields(self, inner: optax.GradientTransformation) -> None:
+    """Raises if ``formats`` or ``rounding`` name fields ``inner`` lacks."""
+    named = [(arg, value) for arg, value in
+             (('formats', self.formats), ('rounding', self.rounding))
+             if isinstance(value, Mapping)]
+    if not named:
+      return
+    names = state_tree.probe_field_names(inner)
+    known = None if names is None else names[0]
+    for arg, value in named:
+      validation.check_known(arg, value, known, 'float')
+
+  def rounding_for(self, field: str | None) -> str:
+    return leaf_rounding(self.rounding, field)
+
+  def key_for(self, count: jax.Array, index: int, field: str | None):
+    """The stochastic-rounding key of the leaf at flat ``index``, or None."""
+    if self.rounding_for(field) != 'stochastic':
+      return None
+    return rounding_lib.stream_key(self.seed, count, index)
+
+  def format_for(self, path, leaf, root=None) -> Format | None:
+    """The format of one state leaf, or None to keep it as it is."""
+    name = state_tree.field_name(path, root)
+    if self.formats is None:
+      return None
+    if isinstance(self.formats, Format):
+      fmt = self.formats
+    elif isinstance(self.formats, Mapping):
+      fmt = self.formats.get(name)
+    else:
+      fmt = self.formats(path_str(path), leaf)
+      fmt = None if fmt is None else formats_lib.get_format(fmt)
+    if fmt is None:
+      return None
+    if name in self.nonnegative_fields:
+      return formats_lib.unsigned_variant(fmt)
+    if not fmt.signed:
+      raise ValueError(
+          f'format {fmt.name!r} is unsigned but state leaf '
+          f'{path_str(path)!r} may be negative; use a signed format there.')
+    return fmt
+
+
+def plan_leaf(config: StorageConfig, path, leaf, root) -> Any:
+  """One leaf of the inner state as it is stored: a :class:`QArray` or as is.
+
+  Float leaves of at least ``min_size`` elements whose format is not
+  ``fp32`` are encoded, unless the codes and scales would take as many
+  bytes as the leaf. A box (``nnx.Variable``) around a leaf goes around its
+  codes and around its scales, never around the QArray: they have the
+  param's rank, and Flax NNX's ``nnx.update`` would turn a QArray held in a
+  Variable into a plain State.
+  """
+  box = None
+  if state_tree.is_box(leaf):  # e.g. an nnx.Variable: quantize what it holds
+    box, leaf = leaf, jax.tree.leaves(leaf)[0]
+    path = (*path, jax.tree_util.GetAttrKey('value'))
+  if (not state_tree.is_float_array(leaf)
+      or leaf.size < max(config.min_size, 1)):
+    return leaf if box is None else box
+  fmt = config.format_for(path, leaf, root)
+  if fmt is None or fmt.is_identity:
+    return leaf if box is None else box
+  scale_mode = config.scale_mode or qarray_lib.default_scale_mode(fmt)
+  qarray_lib.check_layout(fmt, scale_mode)
+  q = qarray_lib.encode(leaf, fmt, scale_mode=scale_mode,
+                        block_size=config.block_size, key=None)
+  if q.nbytes >= qarray_lib.nbytes_of(leaf):
+    # Blocks along a very short last axis (a (n, 1) kernel has one scale
+    # per element): the "quantized" leaf would be bigger. Keep it.
+    return leaf if box is None else box
+  if box is None:
+    return q
+  return dataclasses.replace(
+      q, codes=state_tree.rebox(box, q.codes),
+      scale=None if q.scale is None else state_tree.rebox(box, q.scale))
+
+
+def _init(config: StorageConfig, inner, params) -> QuantizedState:
+  state = inner.init(params)
+  qstate = jax.tree_util.tree_map_with_path(
+      lambda path, leaf: plan_leaf(config, path, leaf, state), state,
+      is_leaf=state_tree.is_box)
+  stalled = None
+  if config.track_stalls:
+    # The stalled fractions are telemetry, not a copy of the parameters:
+    # where ``optax.tree_map_params`` passed its parameters placeholder,
+    # one scalar stands in for it, so that they are mapped as the other
+    # non-parameters are (their ``None`` holes match no parameter tree).
+    stalled = jax.tree.map(
+        lambda x: jnp.zeros([], jnp.float32)
+        if _is_params_placeholder(x) else x,
+        _stall_tree(qstate, None), is_leaf=_is_params_placeholder)
+  return QuantizedState(
+      count=jnp.zeros([], jnp.int32), inner_state=qstate, stalled=stalled)
+
+
+class _Step(NamedTuple):
+  """What both update paths need: the config, the inner update, the
+  stored state flattened with QArrays as leaves, and the leaves' fields."""
+
+  config: StorageConfig
+  inner_update: Callable[..., Any]
+  count: jax.Array
+  flat_old: list[Any]
+  treedef: Any
+  fields: list[str | None]
+
+  def rounding_for(self, index: int) -> str:
+    return self.config.rounding_for(self.fields[index])
+
+  def key_for(self, index: int) -> jax.Array | None:
+    return self.config.key_for(self.count, index, self.fields[index])
+
+
+def _update_leafwise(step: _Step, updates, params, extra_args):
+  """The per-parameter path (see ``leafwise``), or None where it can't go."""
+  result = leafwise.update(
+      step.inner_update, updates, step.treedef.unflatten(step.flat_old),
+      params, extra_args, key_for=step.key_for,
+      rounding_for=step.rounding_for, tile_size=step.config.tile_size,
+      track_stalls=step.config.track_stalls)
+  if result is None:
+    return None
+  new_updates, new_qstate, stall_at = result
+  stalled = None
+  if step.config.track_stalls:
+    stalled = step.treedef.unflatten([
+        stall_at[i] if qarray_lib.is_qarray(o) else None
+        for i, o in enumerate(step.flat_old)])
+  return new_updates, new_qstate, stalled
+
+
+def _update_whole_tree(step: _Step, updates, params, extra_args):
+  """Decode every leaf, one inner update on the whole tree, encode."""
+  decoded = step.treedef.unflatten([
+      leafwise.decode_for_inner(o, step.rounding_for(i))
+      for i, o in enumerate(step.flat_old)])
+  new_updates, new_inner = step.inner_update(
+      updates, decoded, params, **extra_args)
+  flat_new = step.treedef.flatten_up_to(new_inner)
+  new_qstate = step.treedef.unflatten([
+      qarray_lib.encode_like(o, n, key=step.key_for(i))
+      if qarray_lib.is_qarray(o) else n
+      for i, (o, n) in enumerate(zip(step.flat_old, flat_new))])
+  old = step.treedef.unflatten(step.flat_old)
+  stalled = (_stall_tree(new_qstate, old) if step.config.track_stalls
+             else None)
+  return new_updates, new_qstate, stalled
+
+
+def _update(config: StorageConfig, inner, updates, state, params=None,
+            **extra_args):
+  old = state.inner_state
+  flat = jax.tree_util.tree_flatten_with_path(
+      old, is_leaf=qarray_lib.is_qarray)[0]
+  step = _Step(
+      config, optax.with_extra_args_support(inner).update, state.count,
+      [x for _, x in flat],
+      jax.tree.structure(old, is_leaf=qarray_lib.is_qarray),
+      [state_tree.field_name(path, old) for path, _ in flat])
+  result = None
+  if config.elementwise:
+    result = _update_leafwise(step, updates, params, extra_args)
+  if result is None:
+    result = _update_whole_tree(step, updates, params, extra_args)
+  new_updates, new_qstate, stalled = result
+  new_updates = optax.tree.cast_like(new_updates, updates)
+  return new_updates, QuantizedState(
+      count=optax.safe_increment(state.count), inner_state=new_qstate,
+      stalled=stalled)
+
+
 def quantize_state(
     inner: optax.GradientTransformation,
     formats: FormatSpec = 'int8_dynamic',
     *,
     rounding: str | Mapping[str, str] = 'stochastic',
-    seed: int = 0,
-    min_size: int = 4096,
-    block_size: int = 128,
-    scale: str | None = None,
+    seed: int | None = None,
+    min_size: int | None = None,
+    block_size: int | None = None,
+    scale_mode: str | None = None,
     track_stalls: bool = True,
     elementwise: bool = False,
-    tile_size: int | None = 2**18,
+    tile_size: int | None = DEFAULT_TILE_SIZE,
+    nonnegative_fields: Sequence[str] = NONNEGATIVE_FIELDS,
+    scale: str | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Keeps the state of ``inner`` in low-precision formats.
 
@@ -310,10 +392,11 @@ def quantize_state(
   Everything else (counters, small leaves, biases and norms of small models)
   is kept as the inner transform made it.
 
-  Second-moment fields (``nu``, ``sum_of_squares``, ... see
-  ``NONNEGATIVE_FIELDS``) use the unsigned variant of a codebook format
-  (``int8_dynamic`` becomes the unsigned dynamic map, as in bitsandbytes);
-  an unsigned format such as ``fp4_e2m2u`` is rejected on a signed field.
+  Non-negative fields (second moments: ``nu``, ``sum_of_squares``, ... see
+  ``NONNEGATIVE_FIELDS``, or the fields given as ``nonnegative_fields``)
+  use the unsigned variant of a codebook format (``int8_dynamic`` becomes
+  the unsigned dynamic map, as in bitsandbytes); an unsigned format such as
+  ``fp4_e2m2u`` is rejected on a signed field.
 
   Args:
     inner: Any Optax gradient transformation.
@@ -326,14 +409,15 @@ def quantize_state(
       (unbiased, from a counter-based hash of seed, step, leaf and element),
       or a dict ``{field: rounding}`` such as ``{'mu': 'nearest', 'nu':
       'stochastic'}`` (unlisted fields round stochastically).
-    seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``.
-    min_size: Leaves with fewer elements stay unquantized (bitsandbytes uses
-      4096).
+    seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``
+      (or a scalar integer array); None: 0.
+    min_size: Leaves with fewer elements stay unquantized; None: 4096 (as
+      bitsandbytes).
     block_size: Elements per scale along the last axis for block scaling,
-      an even int in ``[2, 2**20]``.
-    scale: ``'block'``, ``'row'``, ``'tensor'`` or ``'none'``; the default is
-      ``'block'`` for formats with a narrow range and ``'none'`` for ``bf16``
-      and ``fp16``.
+      an even int in ``[2, 2**20]``; None: 128.
+    scale_mode: ``'block'``, ``'row'``, ``'tensor'`` or ``'none'``; the
+      default is ``'block'`` for formats with a narrow range and ``'none'``
+      for ``bf16`` and ``fp16``.
     track_stalls: Keep the per-leaf stalled fraction of the last step in the
       state (one float32 scalar per quantized leaf).
     elementwise: Declares that ``inner`` is elementwise: each parameter's
@@ -349,9 +433,18 @@ def quantize_state(
       in ``nnx.Variable`` boxes) takes the whole-tree path.
     tile_size: With ``elementwise``, the most elements per tile of a large
       parameter (whole rows along its first axis); None turns tiling off.
+    nonnegative_fields: The state fields that hold non-negative statistics
+      (a sequence of names; ``NONNEGATIVE_FIELDS`` by default): declare a
+      new optimizer's, such as preconditioner statistics, here.
+    scale: Deprecated name of ``scale_mode``.
 
   Returns:
     A gradient transformation whose state is a :class:`QuantizedState`.
+
+  Raises:
+    ValueError: at construction, naming the bad argument and the allowed
+      values (see :class:`StorageConfig`), or naming a field of ``formats``
+      or ``rounding`` that ``inner``'s state does not have.
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
@@ -369,132 +462,20 @@ def quantize_state(
     Li et al, `Memory Efficient Optimizers with 4-bit States
     <https://arxiv.org/abs/2309.01507>`_, 2023
   """
-  if not (callable(getattr(inner, 'init', None))
-          and callable(getattr(inner, 'update', None))):
-    raise ValueError(
-        'inner must be an Optax GradientTransformation (with init and '
-        f'update), got {type(inner).__name__}.')
-  formats = _check_formats(formats)
-  rounding, block_size, seed, min_size = check_storage_args(
-      rounding=rounding, block_size=block_size, seed=seed, min_size=min_size)
-  if scale is not None:
-    scale = formats_lib.check_scale(scale)
-  elementwise = formats_lib.check_bool(elementwise, 'elementwise')
-  track_stalls = formats_lib.check_bool(track_stalls, 'track_stalls')
-  if tile_size is not None:
-    tile_size = formats_lib.check_int(
-        tile_size, 'tile_size', low=1, what='a positive int or None')
-  if isinstance(formats, Mapping) or isinstance(rounding, Mapping):
-    known = _probe_fields(inner)
-    if isinstance(formats, Mapping):
-      check_known_fields('formats', formats, known, 'float')
-    if isinstance(rounding, Mapping):
-      check_known_fields('rounding', rounding, known, 'float')
-
-  def encode_new(x, fmt, scale_mode, key):
-    return qarray_lib.encode(
-        x, fmt, scale_mode=scale_mode, block_size=block_size, key=key)
-
-  def init_fn(params):
-    state = inner.init(params)
-
-    def quantize_leaf(path, leaf):
-      box = None
-      if _is_box(leaf):  # e.g. an nnx.Variable: quantize what it holds
-        box, leaf = leaf, jax.tree.leaves(leaf)[0]
-        path = (*path, jax.tree_util.GetAttrKey('value'))
-      if not _is_float_array(leaf) or leaf.size < max(min_size, 1):
-        return leaf if box is None else box
-      fmt = _leaf_format(formats, path, leaf, state)
-      if fmt is None or fmt.is_identity:
-        return leaf if box is None else box
-      scale_mode = scale or qarray_lib.default_scale_mode(fmt)
-      qarray_lib._check_layout(fmt, scale_mode)  # pylint: disable=protected-access
-      q = encode_new(leaf, fmt, scale_mode, None)
-      if _buffer_bytes(q.codes) + _buffer_bytes(q.scale) >= _buffer_bytes(
-          leaf):
-        # Blocks along a very short last axis (a (n, 1) kernel has one scale
-        # per element): the "quantized" leaf would be bigger. Keep it.
-        return leaf if box is None else box
-      if box is not None:
-        # The box (with its metadata, e.g. a sharding) goes around the codes
-        # and around the scales, never around the QArray: the codes and
-        # scales have the param's rank, and Flax NNX's ``nnx.update`` would
-        # turn a QArray held in a Variable into a plain State.
-        q = dataclasses.replace(
-            q, codes=_rebox(box, q.codes),
-            scale=None if q.scale is None else _rebox(box, q.scale))
-      return q
-
-    qstate = jax.tree_util.tree_map_with_path(
-        quantize_leaf, state, is_leaf=_is_box)
-    stalled = None
-    if track_stalls:
-      # The stalled fractions are telemetry, not a copy of the parameters:
-      # where ``optax.tree_map_params`` passed its parameters placeholder,
-      # one scalar stands in for it, so that they are mapped as the other
-      # non-parameters are (their ``None`` holes match no parameter tree).
-      stalled = jax.tree.map(
-          lambda x: jnp.zeros([], jnp.float32)
-          if _is_params_placeholder(x) else x,
-          _stall_tree(qstate, None), is_leaf=_is_params_placeholder)
-    return QuantizedState(
-        count=jnp.zeros([], jnp.int32), inner_state=qstate, stalled=stalled)
-
-  def update_fn(updates, state, params=None, **extra_args):
-    old = state.inner_state
-    inner_update = optax.with_extra_args_support(inner).update
-    flat_old, treedef = jax.tree.flatten(old, is_leaf=qarray_lib.is_qarray)
-    fields = [field_name(path, old) for path, _ in
-              jax.tree_util.tree_flatten_with_path(
-                  old, is_leaf=qarray_lib.is_qarray)[0]]
-
-    def rounding_for(index):
-      return leaf_rounding(rounding, fields[index])
-
-    def key_for(index):
-      if rounding_for(index) != 'stochastic':
-        return None
-      return rounding_lib.stream_key(seed, state.count, index)
-
-    result = None
-    if elementwise:
-      result = leafwise.update(
-          inner_update, updates, old, params, extra_args, key_for=key_for,
-          rounding_for=rounding_for, block_size=block_size,
-          tile_size=tile_size, track_stalls=track_stalls)
-    if result is not None:
-      new_updates, new_qstate, stall_at = result
-      stalled = None
-      if track_stalls:
-        stalled = treedef.unflatten([
-            stall_at[i] if qarray_lib.is_qarray(o) else None
-            for i, o in enumerate(flat_old)])
-    else:
-      decoded = treedef.unflatten([
-          leafwise.decode_for_inner(o, rounding_for(i))
-          for i, o in enumerate(flat_old)])
-      new_updates, new_inner = inner_update(
-          updates, decoded, params, **extra_args)
-      flat_new = treedef.flatten_up_to(new_inner)
-      out = []
-      for index, (o, n) in enumerate(zip(flat_old, flat_new)):
-        if qarray_lib.is_qarray(o):
-          n = qarray_lib.encode(
-              jnp.asarray(n, jnp.float32), o.fmt, scale_mode=o.scale_mode,
-              block_size=o.block_size or block_size, key=key_for(index),
-              dtype=o.dtype)
-        out.append(n)
-      new_qstate = treedef.unflatten(out)
-      stalled = _stall_tree(new_qstate, old) if track_stalls else None
-    new_updates = jax.tree.map(
-        lambda u, g: u if g is None or u is None else u.astype(g.dtype),
-        new_updates, updates, is_leaf=lambda x: x is None)
-    return new_updates, QuantizedState(
-        count=optax.safe_increment(state.count), inner_state=new_qstate,
-        stalled=stalled)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  validation.check_transform(inner)
+  name, scale_mode = validation.renamed('scale', scale, 'scale_mode',
+                                        scale_mode)
+  if scale_mode is not None:
+    validation.check_scale(scale_mode, name)
+  config = StorageConfig(
+      formats=formats, rounding=rounding, seed=seed, min_size=min_size,
+      block_size=block_size, scale_mode=scale_mode, track_stalls=track_stalls,
+      elementwise=elementwise, tile_size=tile_size,
+      nonnegative_fields=nonnegative_fields)
+  config.check_fields(inner)
+  return optax.GradientTransformationExtraArgs(
+      functools.partial(_init, config, inner),
+      functools.partial(_update, config, inner))
 
 
 def _is_params_placeholder(x) -> bool:
