@@ -16,6 +16,12 @@
 Each is the Optax optimizer of the same name with its moment transform
 wrapped in :func:`quantize_state`. With ``fp32`` formats they are the Optax
 optimizers, bit for bit.
+
+Their storage arguments that set a layout (``block_size``, ``min_size``,
+``seed``) default to None, which stands for 128, 4096 and 0: with nothing
+given they stay static under ``optax.inject_hyperparams`` without
+``static_args``. Given explicitly, ``block_size`` and ``min_size`` must be
+listed in ``static_args`` (they set shapes at ``init``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from optax_q._src import transform
 from optax_q._src import validation
 
 ScalarOrSchedule = optax.ScalarOrSchedule
+Periods = int | str | dict[str, int | str | None] | None
 
 
 def _check_decay(value: Any, name: str) -> Any:
@@ -43,6 +50,7 @@ def _check_nonnegative(value: Any, name: str, *,
 
 
 def _moment_formats(field_formats: dict[str, Any]) -> dict[str, Any]:
+  """``{field: Format or None}`` from ``{argname: (field, format)}``."""
   out = {}
   for argname, (field, fmt) in field_formats.items():
     fmt = formats_lib.check_format(fmt, argname) if fmt is not None else None
@@ -54,18 +62,30 @@ def _moment_formats(field_formats: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
-def _wrap(inner, formats, *, rounding, block_size, seed, min_size,
-          track_stalls):
-  return transform.quantize_state(
-      inner, formats, rounding=rounding, block_size=block_size, seed=seed,
-      min_size=min_size, elementwise=True, track_stalls=track_stalls)
+def _wrap(inner, formats, **storage):
+  """``inner`` with its state quantized (it is elementwise)."""
+  return transform.quantize_state(inner, formats, elementwise=True, **storage)
 
 
-
-def _with_resets(reset_every, **kwargs):
-  """Adam moments with periodic, asymmetric or adaptive resets."""
+def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
+                  nu_format, reset_every, nesterov, **storage):
+  """Checks Adam's arguments; the (quantized, maybe resetting) moments."""
+  b1 = _check_decay(b1, 'b1')
+  b2 = _check_decay(b2, 'b2')
+  _check_nonnegative(learning_rate, 'learning_rate', schedule=True)
+  eps = _check_nonnegative(eps, 'eps')
+  eps_root = _check_nonnegative(eps_root, 'eps_root')
+  nesterov = validation.check_bool(nesterov, 'nesterov')
+  formats = _moment_formats(
+      {'mu_format': ('mu', mu_format), 'nu_format': ('nu', nu_format)})
+  if reset_every is None:
+    return _wrap(
+        optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                            nesterov=nesterov), formats, **storage)
   from optax_q._src import resets  # pylint: disable=g-import-not-at-top
-  return resets.adam_with_resets(reset_every=reset_every, **kwargs)
+  return resets.adam_with_resets(
+      reset_every=reset_every, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+      nesterov=nesterov, formats=formats, **storage)
 
 
 def adamw(
@@ -80,10 +100,10 @@ def adamw(
     mu_format: Any = 'int8_dynamic',
     nu_format: Any = 'int8_dynamic',
     rounding: str = 'stochastic',
-    block_size: int = 128,
-    seed: int = 0,
-    min_size: int = 4096,
-    reset_every: int | str | dict[str, int | str | None] | None = None,
+    block_size: int | None = None,
+    seed: int | None = None,
+    min_size: int | None = None,
+    reset_every: Periods = None,
     nesterov: bool = False,
     track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
@@ -108,9 +128,10 @@ def adamw(
       allowed here.
     rounding: ``'nearest'`` or ``'stochastic'``.
     block_size: Elements per scale along the last axis, an even int in
-      ``[2, 2**20]``.
-    seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``.
-    min_size: Leaves with fewer elements keep float32 state.
+      ``[2, 2**20]``; None: 128.
+    seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``;
+      None: 0.
+    min_size: Leaves with fewer elements keep float32 state; None: 4096.
     reset_every: ``None`` (no resets), a positive int period for both
       moments, ``'auto'`` (the stall model's ``K*`` for ``nu_format`` and
       ``b2``, see :func:`reset_period`), ``'adaptive'`` (reset both moments
@@ -130,6 +151,10 @@ def adamw(
 
   Returns:
     An Optax gradient transformation.
+
+  Raises:
+    ValueError: at construction, naming the bad argument and the allowed
+      values.
 
   Examples:
     >>> import jax.numpy as jnp, optax_q
@@ -160,29 +185,6 @@ def adamw(
   )
 
 
-def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
-                  nu_format, rounding, block_size, seed, min_size, reset_every,
-                  nesterov, track_stalls):
-  """Checks Adam's arguments; the (quantized, maybe resetting) moments."""
-  b1 = _check_decay(b1, 'b1')
-  b2 = _check_decay(b2, 'b2')
-  _check_nonnegative(learning_rate, 'learning_rate', schedule=True)
-  eps = _check_nonnegative(eps, 'eps')
-  eps_root = _check_nonnegative(eps_root, 'eps_root')
-  nesterov = validation.check_bool(nesterov, 'nesterov')
-  formats = _moment_formats(
-      {'mu_format': ('mu', mu_format), 'nu_format': ('nu', nu_format)})
-  common = dict(rounding=rounding, block_size=block_size, seed=seed,
-                min_size=min_size, track_stalls=track_stalls)
-  if reset_every is None:
-    return _wrap(
-        optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
-                            nesterov=nesterov), formats, **common)
-  return _with_resets(
-      reset_every, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
-      nesterov=nesterov, formats=formats, **common)
-
-
 def adam(
     learning_rate: ScalarOrSchedule,
     b1: float = 0.9,
@@ -193,19 +195,58 @@ def adam(
     mu_format: Any = 'int8_dynamic',
     nu_format: Any = 'int8_dynamic',
     rounding: str = 'stochastic',
-    block_size: int = 128,
-    seed: int = 0,
-    min_size: int = 4096,
-    reset_every: int | str | dict[str, int | str | None] | None = None,
+    block_size: int | None = None,
+    seed: int | None = None,
+    min_size: int | None = None,
+    reset_every: Periods = None,
     nesterov: bool = False,
     track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
-  """Adam with its moments stored in low precision (see :func:`adamw`, whose
-  arguments these are).
+  """Adam with its moments stored in low precision.
+
+  ``optax.chain(quantize_state(scale_by_adam(...)),
+  scale_by_learning_rate)``: ``optax.adam`` with the moments decoded to
+  float32 for the update and encoded after it.
+
+  Args:
+    learning_rate: A float or an Optax schedule.
+    b1: First-moment decay, in [0, 1).
+    b2: Second-moment decay, in [0, 1).
+    eps: Added to the denominator, >= 0.
+    eps_root: Added inside the square root, >= 0.
+    mu_format: Format of the first moment (see :func:`get_format`).
+    nu_format: Format of the second moment (unsigned variants allowed).
+    rounding: ``'nearest'`` or ``'stochastic'``.
+    block_size: Elements per scale along the last axis; None: 128.
+    seed: Seed of the stochastic rounding; None: 0.
+    min_size: Leaves with fewer elements keep float32 state; None: 4096.
+    reset_every: Moment resets, as for :func:`adamw`.
+    nesterov: Nesterov momentum, as in ``optax.adam``.
+    track_stalls: Record each quantized leaf's stalled fraction, as for
+      :func:`adamw`.
+
+  Returns:
+    An Optax gradient transformation.
+
+  Raises:
+    ValueError: at construction, naming the bad argument and the allowed
+      values.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.adam(1e-3, mu_format='int4', nu_format='fp8_e4m3',
+    ...                   min_size=0)
+    >>> params = {'w': jnp.ones((8, 256))}
+    >>> updates, state = tx.update(params, tx.init(params))
+    >>> updates['w'].shape
+    (8, 256)
 
   References:
     Kingma & Ba, `Adam: A Method for Stochastic Optimization
     <https://arxiv.org/abs/1412.6980>`_, 2014
+
+    Dettmers et al, `8-bit Optimizers via Block-wise Quantization
+    <https://arxiv.org/abs/2110.02861>`_, 2022
   """
   return optax.chain(
       _adam_moments(
@@ -226,12 +267,43 @@ def lion(
     *,
     mu_format: Any = 'int8_dynamic',
     rounding: str = 'stochastic',
-    block_size: int = 128,
-    seed: int = 0,
-    min_size: int = 4096,
+    block_size: int | None = None,
+    seed: int | None = None,
+    min_size: int | None = None,
     track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """Lion with its momentum stored in low precision.
+
+  ``optax.chain(quantize_state(scale_by_lion(...)), add_decayed_weights,
+  scale_by_learning_rate)``, the chain of ``optax.lion``.
+
+  Args:
+    learning_rate: A float or an Optax schedule.
+    b1: Decay of the momentum used in the update, in [0, 1).
+    b2: Decay of the stored momentum, in [0, 1).
+    weight_decay: Decoupled weight decay, >= 0, or an Optax schedule.
+    mask: As in ``optax.lion``.
+    mu_format: Format of the momentum (see :func:`get_format`); signed.
+    rounding: ``'nearest'`` or ``'stochastic'``.
+    block_size: Elements per scale along the last axis; None: 128.
+    seed: Seed of the stochastic rounding; None: 0.
+    min_size: Leaves with fewer elements keep float32 state; None: 4096.
+    track_stalls: Record each quantized leaf's stalled fraction, as for
+      :func:`adamw`.
+
+  Returns:
+    An Optax gradient transformation.
+
+  Raises:
+    ValueError: at construction, naming the bad argument and the allowed
+      values.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.lion(1e-4, mu_format='fp8_e4m3', min_size=0)
+    >>> state = tx.init({'w': jnp.zeros((8, 256))})
+    >>> optax_q.state_bits_per_element(state)
+    8.25
 
   References:
     Chen et al, `Symbolic Discovery of Optimization Algorithms
@@ -259,14 +331,41 @@ def sgd(
     *,
     mu_format: Any = 'int8_dynamic',
     rounding: str = 'stochastic',
-    block_size: int = 128,
-    seed: int = 0,
-    min_size: int = 4096,
+    block_size: int | None = None,
+    seed: int | None = None,
+    min_size: int | None = None,
     track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """SGD with momentum (the ``trace``) stored in low precision.
 
-  Without ``momentum`` there is no state, and this is ``optax.sgd``.
+  Without ``momentum`` there is no state, and this is ``optax.sgd`` (the
+  storage arguments are still checked).
+
+  Args:
+    learning_rate: A float or an Optax schedule.
+    momentum: Decay of the momentum, in [0, 1), or None for plain SGD.
+    nesterov: Nesterov momentum, as in ``optax.sgd``.
+    mu_format: Format of the momentum (see :func:`get_format`); signed.
+    rounding: ``'nearest'`` or ``'stochastic'``.
+    block_size: Elements per scale along the last axis; None: 128.
+    seed: Seed of the stochastic rounding; None: 0.
+    min_size: Leaves with fewer elements keep float32 state; None: 4096.
+    track_stalls: Record each quantized leaf's stalled fraction, as for
+      :func:`adamw`.
+
+  Returns:
+    An Optax gradient transformation.
+
+  Raises:
+    ValueError: at construction, naming the bad argument and the allowed
+      values.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.sgd(1e-2, momentum=0.9, mu_format='int8', min_size=0)
+    >>> state = tx.init({'w': jnp.zeros((8, 256))})
+    >>> sorted(optax_q.quantized_leaves(state))
+    ['0/inner_state/trace/w']
 
   References:
     Sutskever et al, `On the importance of initialization and momentum in
@@ -277,12 +376,13 @@ def sgd(
     momentum = _check_decay(momentum, 'momentum')
   nesterov = validation.check_bool(nesterov, 'nesterov')
   formats = _moment_formats({'mu_format': ('trace', mu_format)})
+  storage = dict(rounding=rounding, block_size=block_size, seed=seed,
+                 min_size=min_size, track_stalls=track_stalls)
   if momentum is None:  # No state to store, but the arguments still count.
-    transform.check_storage_args(rounding=rounding, block_size=block_size,
-                                 seed=seed, min_size=min_size)
-    validation.check_bool(track_stalls, 'track_stalls')
-  moments = (optax.identity() if momentum is None else _wrap(
-      optax.trace(decay=momentum, nesterov=nesterov), formats,
-      rounding=rounding, block_size=block_size, seed=seed, min_size=min_size,
-      track_stalls=track_stalls))
-  return optax.chain(moments, optax.scale_by_learning_rate(learning_rate))
+    transform.StorageConfig(formats=formats, **storage)
+    return optax.chain(optax.identity(),
+                       optax.scale_by_learning_rate(learning_rate))
+  return optax.chain(
+      _wrap(optax.trace(decay=momentum, nesterov=nesterov), formats,
+            **storage),
+      optax.scale_by_learning_rate(learning_rate))

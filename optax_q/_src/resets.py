@@ -39,6 +39,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import dataclasses
 import functools
 import math
 import numbers
@@ -53,6 +54,7 @@ import optax
 
 from optax_q._src import formats as formats_lib
 from optax_q._src import qarray as qarray_lib
+from optax_q._src import state_tree
 from optax_q._src import theory
 from optax_q._src import transform
 from optax_q._src import validation
@@ -62,8 +64,7 @@ QArray = qarray_lib.QArray
 ADAPTIVE = 'adaptive'
 AUTO = 'auto'
 ADAM_MOMENTS = ('mu', 'nu')
-# Ages are int32 counters: a longer period could never be reached.
-MAX_PERIOD = 2**31 - 1
+MAX_PERIOD = validation.MAX_PERIOD
 
 
 # -----------------------------------------------------------------------------
@@ -71,35 +72,22 @@ MAX_PERIOD = 2**31 - 1
 # -----------------------------------------------------------------------------
 
 
-def _is_node(x: Any) -> bool:
-  return qarray_lib.is_qarray(x) or isinstance(x, transform.QuantizedState)
-
-
-def _matching_name(path, names) -> str | None:
-  """The innermost state-field name on ``path`` that is one of ``names``."""
-  found = None
-  for k in path:
-    if isinstance(k, jax.tree_util.GetAttrKey) and k.name in names:
-      found = k.name
-  return found
+def _inner_of(x: Any):
+  """For :func:`state_tree.map_fields`: a quantized state is read through
+  its inner state (its telemetry and rounding counter are not fields)."""
+  if isinstance(x, transform.QuantizedState):
+    return x.inner_state, lambda inner: x._replace(inner_state=inner)
+  return None
 
 
 def _map_fields(fn, names, state, *rest):
-  """Maps ``fn(name, leaf, *rest_leaves)`` over the leaves of ``state``.
+  """Maps ``fn(name, leaf, *rest_leaves)`` over ``state``'s leaves by field."""
+  return state_tree.map_fields(fn, names, state, *rest, skip=_inner_of)
 
-  ``name`` is the innermost field on the leaf's path that is in ``names``
-  (or None). :class:`QArray` leaves are passed whole; the inner state of a
-  :class:`QuantizedState` is visited, its telemetry (``stalled``) and its
-  rounding counter are not.
-  """
 
-  def visit(path, x, *xs):
-    if isinstance(x, transform.QuantizedState):
-      return x._replace(inner_state=_map_fields(
-          fn, names, x.inner_state, *(y.inner_state for y in xs)))
-    return fn(_matching_name(path, names), x, *xs)
-
-  return jax.tree_util.tree_map_with_path(visit, state, *rest, is_leaf=_is_node)
+def _state_names(state) -> tuple[set[str], set[str]]:
+  """(float field names, int field names) of a state's leaves."""
+  return state_tree.field_names(state, skip=_inner_of)
 
 
 def _encoded_zeros(q: QArray) -> QArray:
@@ -108,13 +96,10 @@ def _encoded_zeros(q: QArray) -> QArray:
   Scaled formats get scale 0 (an all-zero block), which decodes to exact
   zeros even on grids without zero (``fp4_e2m2u``).
   """
-  z = qarray_lib.encode(
-      jnp.zeros(q.shape, jnp.float32), q.fmt, scale_mode=q.scale_mode,
-      block_size=q.block_size or 2, key=None, dtype=q.dtype)
-  codes = z.codes.astype(q.codes.dtype)
-  scale = None if z.scale is None else z.scale.astype(q.scale.dtype)
-  return QArray(codes, scale, q.fmt, q.shape, q.dtype, q.scale_mode,
-                q.block_size)
+  z = qarray_lib.encode_like(q, jnp.zeros(q.shape, jnp.float32), key=None)
+  return dataclasses.replace(
+      z, codes=z.codes.astype(q.codes.dtype),
+      scale=None if z.scale is None else z.scale.astype(q.scale.dtype))
 
 
 def _select(pred: jax.Array, x: Any) -> Any:
@@ -127,34 +112,17 @@ def _select(pred: jax.Array, x: Any) -> Any:
   return jnp.where(pred, jnp.zeros_like(x), x)
 
 
-def _check_fields(fields: Any, name: str = 'fields') -> tuple[str, ...]:
-  """A sequence of state field names as a tuple (not a bare string)."""
-  if isinstance(fields, str):
+def _check_where(where: Any, fields: tuple[str, ...]) -> dict[str, jax.Array]:
+  """``{field: flag}`` from ``where`` (one flag or a dict of them)."""
+  if not isinstance(where, Mapping):
+    flag = validation.check_flag(where, 'where')
+    return {f: flag for f in fields}
+  unknown = sorted(set(where) - set(fields), key=repr)
+  if unknown:
     raise ValueError(
-        f'{name} must be a sequence of state field names, got the string '
-        f'{fields!r}; write ({fields!r},).')
-  try:
-    out = tuple(fields)
-  except TypeError:
-    out = None
-  if out is None or not all(isinstance(f, str) for f in out):
-    raise ValueError(
-        f'{name} must be a sequence of state field names (str), got '
-        f'{reprlib.repr(fields)}.')
-  return out
-
-
-def _check_flag(flag: Any, name: str) -> jax.Array:
-  """A boolean scalar flag (Python, NumPy or a possibly traced array)."""
-  shape = getattr(flag, 'shape', ())
-  dtype = getattr(flag, 'dtype', None)
-  ok = (isinstance(flag, (bool, np.bool_)) if dtype is None
-        else shape == () and dtype == np.bool_)
-  if not ok:
-    raise ValueError(
-        f'{name} must be a boolean scalar (a bool or a bool array of shape '
-        f'()), got {reprlib.repr(flag)}.')
-  return jnp.asarray(flag, bool)
+        f'where names field(s) {unknown} that are not in fields={fields}.')
+  return {f: validation.check_flag(where.get(f, False), f'where[{f!r}]')
+          for f in fields}
 
 
 def reset_where(
@@ -195,23 +163,14 @@ def reset_where(
     >>> state.nu['w']
     Array([0., 0., 0.], dtype=float32)
   """
-  fields = _check_fields(fields)
+  fields = validation.check_names(fields, 'fields')
   floats, ints = _state_names(state)
   unknown = sorted(set(fields) - floats - ints)
   if unknown:
     raise ValueError(
         f'fields names state field(s) {unknown} that this state does not '
         f'have; its fields are {sorted(floats | ints)}.')
-  if isinstance(where, Mapping):
-    unknown = sorted(set(where) - set(fields), key=repr)
-    if unknown:
-      raise ValueError(
-          f'where names field(s) {unknown} that are not in fields={fields}.')
-    flags = {f: _check_flag(where.get(f, False), f'where[{f!r}]')
-             for f in fields}
-  else:
-    flag = _check_flag(where, 'where')
-    flags = {f: flag for f in fields}
+  flags = _check_where(where, fields)
   return _map_fields(
       lambda name, x: x if name is None else _select(flags[name], x),
       frozenset(fields), state)
@@ -222,53 +181,9 @@ def reset_where(
 # -----------------------------------------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
-  """A Python or NumPy int, not a bool."""
-  return (isinstance(value, numbers.Integral)
-          and not isinstance(value, (bool, np.bool_)))
-
-
-def _check_period(value: Any, name: str, allowed: tuple[str, ...]) -> Any:
-  """``None``, one of ``allowed`` or an int period in ``[1, MAX_PERIOD]``."""
-  if isinstance(value, np.ndarray) and value.shape == ():
-    value = value[()]
-  if value is None or (isinstance(value, str) and value in allowed):
-    return value
-  if not _is_int(value) or not 1 <= value <= MAX_PERIOD:
-    traced = isinstance(value, jax.Array)
-    hint = (' (Under optax.inject_hyperparams, list it in static_args.)'
-            if traced else '')
-    options = ' or '.join(repr(a) for a in allowed)
-    raise ValueError(
-        f'{name} must be None, an int in [1, 2**31 - 1], or {options}; got '
-        f'{reprlib.repr(value)}.{hint}')
-  return int(value)
-
-
 def _check_unit(value: Any, name: str) -> Any:
   """A real number in the open interval (0, 1); jax.Arrays unchecked."""
-  if isinstance(value, jax.Array):
-    return value  # Injected (optax.inject_hyperparams) or traced: unchecked.
-  if isinstance(value, np.ndarray) and value.shape == ():
-    value = value[()]
-  if (isinstance(value, (bool, np.bool_))
-      or not isinstance(value, numbers.Real)):
-    raise ValueError(
-        f'{name} must be a float in (0, 1), got {reprlib.repr(value)}.')
-  if not 0.0 < float(value) < 1.0:  # NaN fails too.
-    raise ValueError(f'{name} must lie in (0, 1), got {value!r}.')
-  return float(value)
-
-
-def _check_p_ss(value: Any) -> float:
-  if isinstance(value, np.ndarray) and value.shape == ():
-    value = value[()]
-  if (isinstance(value, (bool, np.bool_))
-      or not isinstance(value, numbers.Real)
-      or not 0.0 < float(value) <= 1.0):
-    raise ValueError(
-        f'p_ss must be a float in (0, 1], got {reprlib.repr(value)}.')
-  return float(value)
+  return validation.check_number(value, name, low=0.0, high=1.0, closed='()')
 
 
 def _check_counters(counters: Any, named: Sequence[str]) -> dict[str, tuple]:
@@ -276,23 +191,18 @@ def _check_counters(counters: Any, named: Sequence[str]) -> dict[str, tuple]:
   if not isinstance(counters, Mapping):
     raise ValueError(
         'counters must be a dict {field: counter field name or a sequence of '
-        f'them}}, got {reprlib.repr(counters)}.')
+        f'them}}, got {validation.short(counters)}.')
+  validation.check_field_keys(counters, 'counters')
   out = {}
   for f, cs in counters.items():
-    if not isinstance(f, str):
-      raise ValueError(
-          f'counters keys must be state field names (str), got {f!r}.')
     if isinstance(cs, str):
       cs = (cs,)
-    elif (isinstance(cs, Sequence)
-          and all(isinstance(c, str) for c in cs)):
-      cs = tuple(cs)
-    else:
+    if not (isinstance(cs, Sequence) and all(isinstance(c, str) for c in cs)):
       raise ValueError(
           f'counters[{f!r}] must be an integer state field name (str) or a '
           f'sequence of them, e.g. {{{f!r}: {"count_" + f!r}}}; got '
-          f'{reprlib.repr(cs)}.')
-    out[f] = cs
+          f'{validation.short(cs)}.')
+    out[f] = tuple(cs)
   unknown = sorted(set(out) - set(named))
   if unknown:
     raise ValueError(
@@ -301,57 +211,82 @@ def _check_counters(counters: Any, named: Sequence[str]) -> dict[str, tuple]:
   return out
 
 
-def _check_groups(groups: Any, periods: Mapping[str, Any]) -> tuple:
-  """Disjoint tuples of reset fields, each reset together."""
-  what = ('groups must be a sequence of tuples of fields to reset together, '
-          "e.g. (('mu', 'nu'),)")
-  if isinstance(groups, str) or not isinstance(groups, Sequence):
-    raise ValueError(f'{what}; got {reprlib.repr(groups)}.')
-  out, seen = [], set()
-  for g in groups:
-    if (isinstance(g, str) or not isinstance(g, Sequence)
-        or not all(isinstance(f, str) for f in g)):
-      raise ValueError(f'{what}; got the group {reprlib.repr(g)}.')
-    unknown = sorted(set(g) - set(periods))
-    if unknown:
-      raise ValueError(
-          f'groups names field(s) {unknown} that are not reset; the fields '
-          f'reset are {sorted(periods)}.')
-    twice = sorted(seen & set(g))
-    if twice:
-      raise ValueError(f'groups names field(s) {twice} in more than one group.')
-    seen |= set(g)
-    out.append(tuple(dict.fromkeys(g)))
-  return tuple(out)
+def _check_every(every: Any, fields: Any, name: str = 'reset_every'
+                 ) -> dict[str, Any]:
+  """``{field: period, 'adaptive' or None}`` for ``every`` (checked)."""
+  fields = validation.check_names(fields, 'fields')
+  if not isinstance(every, Mapping):
+    period = validation.check_period(every, name, (ADAPTIVE,))
+    return {f: period for f in fields}
+  validation.check_field_keys(every, name)
+  return {f: validation.check_period(p, f'{name}[{f!r}]', (ADAPTIVE,))
+          for f, p in every.items()}
 
 
-def _state_names(state) -> tuple[set[str], set[str]]:
-  """(float field names, int field names) of a state's leaves."""
-  floats, ints = set(), set()
-  flat = jax.tree_util.tree_flatten_with_path(state, is_leaf=_is_node)[0]
-  for path, leaf in flat:
-    if isinstance(leaf, transform.QuantizedState):
-      f, i = _state_names(leaf.inner_state)
-      floats |= f
-      ints |= i
-      continue
-    names = [k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)]
-    if not names:
-      continue
-    if qarray_lib.is_qarray(leaf):
-      floats.update(names)
-    elif not hasattr(leaf, 'dtype'):
-      continue
-    elif jnp.issubdtype(leaf.dtype, jnp.floating):
-      floats.update(names)
-    elif jnp.issubdtype(leaf.dtype, jnp.integer):
-      ints.update(names)
-  return floats, ints
+class _Plan(NamedTuple):
+  """What :func:`reset_state` resets, and how (checked at construction).
+
+  Attributes:
+    periods: ``{field: period or 'adaptive'}`` of the fields that are reset.
+    counters: ``{counter field: [the fields it is zeroed with]}``.
+    groups: Disjoint tuples of fields reset together.
+    decay: :math:`\\beta` of the adaptive rule.
+    s0: Staleness tolerance of the adaptive rule.
+    p_ss: Steady-state stall normaliser of the adaptive rule.
+  """
+
+  periods: dict[str, Any]
+  counters: dict[str, list[str]]
+  groups: tuple[tuple[str, ...], ...]
+  decay: Any
+  s0: Any
+  p_ss: float
+
+  @property
+  def targets(self) -> frozenset[str]:
+    return frozenset(self.periods) | frozenset(self.counters)
 
 
-def _probe_names(inner) -> tuple[set[str], set[str]] | None:
-  state = transform.probe_state(inner)
-  return None if state is None else _state_names(state)
+def _plan(every, *, fields, counters, groups, decay, s0, p_ss) -> _Plan:
+  """Checks :func:`reset_state`'s arguments (not yet against the state)."""
+  named = _check_every(every, fields)
+  periods = {f: p for f, p in named.items() if p is not None}
+  decay = _check_unit(decay, 'decay')
+  s0 = _check_unit(s0, 's0')
+  p_ss = validation.check_number(p_ss, 'p_ss', low=0.0, high=1.0,
+                                 closed='(]', concrete=True)
+  groups = validation.check_groups(groups, tuple(periods))
+  counter_map: dict[str, list[str]] = {}
+  if counters is None:
+    counters = {f: f'count_{f}' for f in periods}
+  for f, cs in _check_counters(counters, tuple(named)).items():
+    for c in cs if f in periods else ():
+      counter_map.setdefault(c, []).append(f)
+  return _Plan(periods, counter_map, groups, decay, s0, p_ss)
+
+
+def _check_plan(plan: _Plan, inner, counters_given: bool) -> None:
+  """Checks the fields of ``plan`` against ``inner``'s (probed) state."""
+  names = state_tree.probe_field_names(inner, skip=_inner_of)
+  if names is None:
+    return
+  floats, ints = names
+  unknown = sorted(set(plan.periods) - floats)
+  if unknown:
+    raise ValueError(
+        f'Unknown state field(s) {unknown} to reset; the state of this '
+        f'transform has float fields {sorted(floats)}.')
+  if counters_given:
+    validation.check_known('counters', plan.counters, ints, 'integer')
+    return
+  ageless = sorted(f for f in plan.periods if f'count_{f}' not in ints)
+  if ageless and 'count' in ints:
+    warnings.warn(
+        f'Resetting {ageless} without an age counter: the inner state has '
+        "no 'count_<field>' but a shared 'count'. If it bias-corrects by "
+        'that count (as optax.scale_by_adam does), a reset moment is '
+        "under-corrected; pass counters={field: 'count'} and reset the "
+        'moments together, or use scale_by_adam_local_age.', stacklevel=3)
 
 
 # -----------------------------------------------------------------------------
@@ -414,9 +349,72 @@ def _stalled_fraction(old, new, field: str) -> jax.Array:
   return sum(x for x, _ in sums) / jnp.float32(total)
 
 
+def _flags(plan: _Plan, state: ResetState, new_inner):
+  """Advanced ages and accumulators, and the reset flag of every field.
+
+  A periodic field fires after its ``K``-th update; an adaptive one when
+  its accumulated excess staleness per step reaches the statistical error
+  of its age (Algorithm 2; both formulas from ``theory``). A group fires
+  when any of its fields does.
+  """
+  ages, excess, flags = {}, {}, {}
+  for f in sorted(plan.periods):
+    k = optax.safe_increment(state.ages[f])
+    a = state.excess[f]
+    if plan.periods[f] == ADAPTIVE:
+      p = _stalled_fraction(state.inner_state, new_inner, f)
+      a = a + theory.excess_above(p / plan.p_ss, plan.s0, jnp)
+      bk = jnp.power(jnp.asarray(plan.decay, jnp.float32),
+                     k.astype(jnp.float32))
+      flags[f] = a / k.astype(jnp.float32) >= theory.error_of_power(bk)
+    else:
+      flags[f] = k >= plan.periods[f]
+    ages[f], excess[f] = k, a
+  for group in plan.groups:
+    flag = functools.reduce(jnp.logical_or, [flags[f] for f in group])
+    flags.update({f: flag for f in group})
+  return ages, excess, flags
+
+
+def _reset_update(plan: _Plan, inner_ex, updates, state: ResetState,
+                  params=None, **extra_args):
+  updates, new_inner = inner_ex.update(
+      updates, state.inner_state, params, **extra_args)
+  ages, excess, flags = _flags(plan, state, new_inner)
+  resets = {}
+  for f in sorted(plan.periods):
+    ages[f] = jnp.where(flags[f], 0, ages[f])
+    excess[f] = jnp.where(flags[f], 0.0, excess[f])
+    resets[f] = state.resets[f] + flags[f].astype(jnp.int32)
+
+  def reset_leaf(name, x):
+    if name is None:
+      return x
+    if name in plan.periods:
+      return _select(flags[name], x)
+    flag = jnp.zeros([], bool)
+    for f in plan.counters[name]:
+      flag = flag | flags[f]
+    return _select(flag, x)
+
+  if plan.periods:
+    new_inner = _map_fields(reset_leaf, plan.targets, new_inner)
+  return updates, ResetState(
+      count=optax.safe_increment(state.count), ages=ages, excess=excess,
+      resets=resets, inner_state=new_inner)
+
+
+def _reset_init(plan: _Plan, inner_ex, params) -> ResetState:
+  zero_i = lambda: {f: jnp.zeros([], jnp.int32) for f in sorted(plan.periods)}
+  return ResetState(
+      count=jnp.zeros([], jnp.int32), ages=zero_i(),
+      excess={f: jnp.zeros([], jnp.float32) for f in sorted(plan.periods)},
+      resets=zero_i(), inner_state=inner_ex.init(params))
+
+
 def reset_state(
     inner: optax.GradientTransformation,
-    every: int | str | Mapping[str, int | str | None] | None,
+    reset_every: int | str | Mapping[str, int | str | None] | None = None,
     *,
     fields: Sequence[str] = ADAM_MOMENTS,
     counters: Mapping[str, str | Sequence[str]] | None = None,
@@ -424,6 +422,7 @@ def reset_state(
     decay: float = 0.999,
     s0: float = 0.6,
     p_ss: float = 1.0,
+    every: Any = validation.UNSET,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Resets chosen fields of ``inner``'s state on a schedule.
 
@@ -460,12 +459,12 @@ def reset_state(
   Args:
     inner: The transform whose state is reset, typically a
       :func:`quantize_state` of :func:`scale_by_adam_local_age`.
-    every: The reset period: an int ``K`` in ``[1, 2**31 - 1]`` for every
-      field in ``fields``, ``'adaptive'``, ``None`` (never), or a dict
+    reset_every: The reset period: an int ``K`` in ``[1, 2**31 - 1]`` for
+      every field in ``fields``, ``'adaptive'``, ``None`` (never), or a dict
       ``{field: K | 'adaptive' | None}`` (fields not listed are never reset),
       e.g. ``{'nu': 300}`` for the paper's asymmetric FP8 policy.
-    fields: Fields reset when ``every`` is not a dict: a sequence of field
-      names (not a bare string).
+    fields: Fields reset when ``reset_every`` is not a dict: a sequence of
+      field names (not a bare string).
     counters: ``{field: counter field(s)}``: integer state fields zeroed
       together with the field (the ages its bias correction reads). By
       default ``count_<field>`` where the inner state has it (as in
@@ -480,6 +479,7 @@ def reset_state(
     s0: Staleness tolerance of adaptive resets, in ``(0, 1)``.
     p_ss: The steady-state stall normaliser :math:`P_{ss}` of adaptive
       resets, in ``(0, 1]`` (the paper fixes 1).
+    every: Deprecated name of ``reset_every``.
 
   Returns:
     A gradient transformation whose state is a :class:`ResetState`.
@@ -511,107 +511,15 @@ def reset_state(
 
   .. seealso:: :func:`optax_q.reset_period`, :func:`optax_q.stall_fraction`
   """
-  if not (callable(getattr(inner, 'init', None))
-          and callable(getattr(inner, 'update', None))):
-    raise ValueError(
-        'inner must be an Optax GradientTransformation (with init and '
-        f'update), got {type(inner).__name__}.')
-  fields = _check_fields(fields)
-  if isinstance(every, Mapping):
-    for f in every:
-      if not isinstance(f, str):
-        raise ValueError(f'every keys must be field names, got {f!r}.')
-    periods = {f: _check_period(p, f'every[{f!r}]', (ADAPTIVE,))
-               for f, p in every.items()}
-  else:
-    period = _check_period(every, 'every', (ADAPTIVE,))
-    periods = {f: period for f in fields}
-  named = tuple(periods)
-  periods = {f: p for f, p in periods.items() if p is not None}
-  decay = _check_unit(decay, 'decay')
-  s0 = _check_unit(s0, 's0')
-  p_ss = _check_p_ss(p_ss)
-  groups = _check_groups(groups, periods)
-  counter_map: dict[str, list[str]] = {}
-  if counters is None:
-    for f in periods:
-      counter_map.setdefault(f'count_{f}', []).append(f)
-  else:
-    for f, cs in _check_counters(counters, named).items():
-      if f in periods:
-        for c in cs:
-          counter_map.setdefault(c, []).append(f)
-  names = _probe_names(inner)
-  if names is not None:
-    floats, ints = names
-    unknown = sorted(set(periods) - floats)
-    if unknown:
-      raise ValueError(
-          f'Unknown state field(s) {unknown} to reset; the state of this '
-          f'transform has float fields {sorted(floats)}.')
-    if counters is None and 'count' in ints:
-      ageless = sorted(f for f in periods if f'count_{f}' not in ints)
-      if ageless:
-        warnings.warn(
-            f'Resetting {ageless} without an age counter: the inner state has '
-            "no 'count_<field>' but a shared 'count'. If it bias-corrects by "
-            'that count (as optax.scale_by_adam does), a reset moment is '
-            "under-corrected; pass counters={field: 'count'} and reset the "
-            'moments together, or use scale_by_adam_local_age.', stacklevel=2)
-    if counters is not None:
-      transform.check_known_fields('counters', counter_map, ints, 'integer')
-  target = frozenset(periods) | frozenset(counter_map)
+  validation.check_transform(inner)
+  _, every = validation.renamed('every', every, 'reset_every', reset_every)
+  plan = _plan(every, fields=fields, counters=counters, groups=groups,
+               decay=decay, s0=s0, p_ss=p_ss)
+  _check_plan(plan, inner, counters is not None)
   inner_ex = optax.with_extra_args_support(inner)
-
-  def init_fn(params):
-    zero_i = lambda: {f: jnp.zeros([], jnp.int32) for f in sorted(periods)}
-    return ResetState(
-        count=jnp.zeros([], jnp.int32), ages=zero_i(),
-        excess={f: jnp.zeros([], jnp.float32) for f in sorted(periods)},
-        resets=zero_i(), inner_state=inner_ex.init(params))
-
-  def update_fn(updates, state, params=None, **extra_args):
-    updates, new_inner = inner_ex.update(
-        updates, state.inner_state, params, **extra_args)
-    ages, excess, flags = {}, {}, {}
-    for f in sorted(periods):
-      k = optax.safe_increment(state.ages[f])
-      a = state.excess[f]
-      if periods[f] == ADAPTIVE:
-        p = _stalled_fraction(state.inner_state, new_inner, f)
-        a = a + jnp.maximum((p / p_ss - s0) / (1.0 - s0), 0.0)
-        bk = jnp.power(jnp.asarray(decay, jnp.float32),
-                       k.astype(jnp.float32))
-        flags[f] = a / k.astype(jnp.float32) >= 2.0 * bk / (1.0 + bk)
-      else:
-        flags[f] = k >= periods[f]
-      ages[f], excess[f] = k, a
-    for group in groups:
-      flag = functools.reduce(jnp.logical_or, [flags[f] for f in group])
-      flags.update({f: flag for f in group})
-    resets = {}
-    for f in sorted(periods):
-      ages[f] = jnp.where(flags[f], 0, ages[f])
-      excess[f] = jnp.where(flags[f], 0.0, excess[f])
-      resets[f] = state.resets[f] + flags[f].astype(jnp.int32)
-
-    def reset_leaf(name, x):
-      if name is None:
-        return x
-      if name in periods:
-        return _select(flags[name], x)
-      flag = jnp.zeros([], bool)
-      for f in counter_map[name]:
-        flag = flag | flags[f]
-      return _select(flag, x)
-
-    if periods:
-      new_inner = _map_fields(reset_leaf, target, new_inner)
-    return updates, ResetState(
-        count=optax.safe_increment(state.count), ages=ages, excess=excess,
-        resets=resets, inner_state=new_inner)
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(
+      functools.partial(_reset_init, plan, inner_ex),
+      functools.partial(_reset_update, plan, inner_ex))
 
 
 # -----------------------------------------------------------------------------
@@ -804,14 +712,13 @@ def _auto_period(fmt: Any, b2: Any, given: str) -> int:
         "reset_every='auto' needs a concrete b2 to compute K* when the "
         'optimizer is built; under optax.inject_hyperparams list b2 in '
         'static_args, or pass an int period.')
-  if isinstance(b2, np.ndarray) and b2.shape == ():
-    b2 = b2[()]
-  if (isinstance(b2, (bool, np.bool_)) or not isinstance(b2, numbers.Real)
-      or not 0.0 < float(b2) < 1.0):
+  try:
+    b2 = validation.check_number(b2, 'b2', low=0.0, high=1.0, closed='()')
+  except ValueError as e:
     raise ValueError(
         "reset_every='auto' computes K* from b2, which must lie in (0, 1); "
-        f'got b2={reprlib.repr(b2)}. Pass an int period, or a b2 in (0, 1).')
-  b2 = float(b2)
+        f'got b2={reprlib.repr(b2)}. Pass an int period, or a b2 in (0, 1).'
+    ) from e
   if fmt is None:
     fmt = formats_lib.get_format('fp32')
   stored = '' if fmt.name == given else f' (stored as {fmt.name})'
@@ -866,18 +773,7 @@ def resolve_reset_every(
       ``b2`` outside ``(0, 1)`` (named first) or a format the stall model
       does not describe.
   """
-  allowed = (AUTO, ADAPTIVE)
-  if isinstance(reset_every, Mapping):
-    unknown = sorted(set(map(str, reset_every)) - set(ADAM_MOMENTS))
-    if unknown:
-      raise ValueError(
-          f'reset_every names unknown moment(s) {unknown}; allowed: '
-          f'{list(ADAM_MOMENTS)}.')
-    raw = {f: _check_period(p, f'reset_every[{f!r}]', allowed)
-           for f, p in reset_every.items()}
-  else:
-    p = _check_period(reset_every, 'reset_every', allowed)
-    raw = {f: p for f in ADAM_MOMENTS}
+  raw = _raw_periods(reset_every)
   fmt = given = nu_format
   if fmt is not None:
     given = formats_lib.get_format(fmt)
@@ -895,40 +791,79 @@ def resolve_reset_every(
           f'reset period {p} for {f!r}: every update restarts the moment, '
           'which turns Adam into sign descent.', stacklevel=3)
   if 'nu' in out and out.get('mu') != out['nu']:
-    try:
-      bound = f'{_update_bound(b1, b2, False):.3g}'
-    except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
-      bound = '(1 - b1) / (sqrt(1 - b2) (1 - b1 / sqrt(b2)))'
-    small_eps = (isinstance(eps, numbers.Real) and not isinstance(eps, bool)
-                 and eps < 1e-6)
-    warnings.warn(
-        f'Resetting nu without mu (reset_every={reset_every!r}): the first '
-        'update after each such reset divides the carried-over momentum by '
-        'the square root of a one-step second moment, |g| + eps, which is '
-        'tiny where the current gradient is. The update is clipped to '
-        f"Adam's bound C = {bound} per coordinate (before the learning rate; "
-        'Adam without resets never exceeds it), so such steps can still be '
-        'up to C times the size of an Adam step on a fresh moment. '
-        + ('At eps < 1e-6 this is frequent (our GPT ablation diverged at '
-           "eps=1e-8 without the bound and trained at the paper's 1e-6). "
-           if small_eps else '')
-        + 'Give both moments the same policy to reset them together.',
-        stacklevel=3)
-  if out and fmt is not None and not fmt.is_identity:
-    try:
-      p_ss = theory.stall_probability(fmt, b2, rounding)
-    except (ValueError, TypeError, jax.errors.ConcretizationTypeError):
-      p_ss = None
-    if p_ss is not None and p_ss < 0.5:
-      warnings.warn(
-          f'Resets enabled, but the predicted steady-state stall rate of '
-          f'nu_format={given!r} at b2={b2} is only {p_ss:.2f}; resets '
-          'are not indicated there.', stacklevel=3)
-  elif out:
+    _warn_asymmetric(reset_every, b1, b2, eps)
+  if out:
+    _warn_stall_rate(fmt, given, b2, rounding)
+  return out
+
+
+def _raw_periods(reset_every: Any) -> dict[str, Any]:
+  """``{moment: None, int, 'auto' or 'adaptive'}`` (checked)."""
+  allowed = (AUTO, ADAPTIVE)
+  if not isinstance(reset_every, Mapping):
+    p = validation.check_period(reset_every, 'reset_every', allowed)
+    return {f: p for f in ADAM_MOMENTS}
+  unknown = sorted(set(map(str, reset_every)) - set(ADAM_MOMENTS))
+  if unknown:
+    raise ValueError(
+        f'reset_every names unknown moment(s) {unknown}; allowed: '
+        f'{list(ADAM_MOMENTS)}.')
+  return {f: validation.check_period(p, f'reset_every[{f!r}]', allowed)
+          for f, p in reset_every.items()}
+
+
+def _warn_asymmetric(reset_every, b1, b2, eps) -> None:
+  """Warns that second-moment-only resets rely on Adam's update bound."""
+  try:
+    bound = f'{_update_bound(b1, b2, False):.3g}'
+  except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+    bound = '(1 - b1) / (sqrt(1 - b2) (1 - b1 / sqrt(b2)))'
+  small_eps = (isinstance(eps, numbers.Real) and not isinstance(eps, bool)
+               and eps < 1e-6)
+  warnings.warn(
+      f'Resetting nu without mu (reset_every={reset_every!r}): the first '
+      'update after each such reset divides the carried-over momentum by '
+      'the square root of a one-step second moment, |g| + eps, which is '
+      'tiny where the current gradient is. The update is clipped to '
+      f"Adam's bound C = {bound} per coordinate (before the learning rate; "
+      'Adam without resets never exceeds it), so such steps can still be '
+      'up to C times the size of an Adam step on a fresh moment. '
+      + ('At eps < 1e-6 this is frequent (our GPT ablation diverged at '
+         "eps=1e-8 without the bound and trained at the paper's 1e-6). "
+         if small_eps else '')
+      + 'Give both moments the same policy to reset them together.',
+      stacklevel=4)
+
+
+def _warn_stall_rate(fmt, given: str, b2, rounding: str) -> None:
+  """Warns where the stall model predicts that resets are not needed."""
+  if fmt is None or fmt.is_identity:
     warnings.warn(
         'Resets enabled on float32 moments: they do not stall, and the paper '
-        'finds resets slightly hurt there.', stacklevel=3)
-  return out
+        'finds resets slightly hurt there.', stacklevel=4)
+    return
+  try:
+    p_ss = theory.stall_probability(fmt, b2, rounding)
+  except (ValueError, TypeError, jax.errors.ConcretizationTypeError):
+    p_ss = None
+  if p_ss is not None and p_ss < 0.5:
+    warnings.warn(
+        f'Resets enabled, but the predicted steady-state stall rate of '
+        f'nu_format={given!r} at b2={b2} is only {p_ss:.2f}; resets '
+        'are not indicated there.', stacklevel=4)
+
+
+def _default_decay(b2: Any, adaptive: bool) -> Any:
+  """The adaptive rule's decay when none is given: ``b2``, checked."""
+  if not adaptive:
+    return 0.999  # Periodic resets do not read it.
+  try:
+    return _check_unit(b2, 'b2')
+  except ValueError as e:
+    raise ValueError(
+        "reset_every='adaptive' uses b2 as the decay of its "
+        f'statistical-error term, so b2 must lie in (0, 1); got '
+        f'b2={reprlib.repr(b2)}.') from e
 
 
 def adam_with_resets(
@@ -941,9 +876,9 @@ def adam_with_resets(
     nesterov: bool = False,
     formats: Mapping[str, Any] | None = None,
     rounding: str = 'stochastic',
-    block_size: int = 128,
-    seed: int = 0,
-    min_size: int = 4096,
+    block_size: int | None = None,
+    seed: int | None = None,
+    min_size: int | None = None,
     decay: float | None = None,
     s0: float = 0.6,
     track_stalls: bool = False,
@@ -978,8 +913,8 @@ def adam_with_resets(
     nesterov: Nesterov momentum.
     formats: ``{'mu': format, 'nu': format}`` as for :func:`quantize_state`.
     rounding: ``'nearest'`` or ``'stochastic'``.
-    block_size: Elements per scale along the last axis.
-    seed: Seed of the stochastic rounding.
+    block_size: Elements per scale along the last axis (None: 128).
+    seed: Seed of the stochastic rounding (None: 0).
     min_size: Leaves with fewer elements keep float32 state (they are still
       reset with the rest).
     decay: :math:`\beta` of the adaptive rule; ``b2`` by default.
@@ -1009,18 +944,8 @@ def adam_with_resets(
       eps, b1=b1)
   groups = ((ADAM_MOMENTS,) if 'mu' in periods
             and periods.get('mu') == periods.get('nu') else ())
-  adaptive = ADAPTIVE in periods.values()
   if decay is None:
-    if adaptive and not isinstance(b2, jax.Array):
-      try:
-        decay = _check_unit(b2, 'b2')
-      except ValueError as e:
-        raise ValueError(
-            "reset_every='adaptive' uses b2 as the decay of its "
-            f'statistical-error term, so b2 must lie in (0, 1); got '
-            f'b2={reprlib.repr(b2)}.') from e
-    else:
-      decay = b2 if adaptive else 0.999  # Periodic resets do not read it.
+    decay = _default_decay(b2, ADAPTIVE in periods.values())
   inner = transform.quantize_state(
       scale_by_adam_local_age(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                               nesterov=nesterov),

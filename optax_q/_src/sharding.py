@@ -35,7 +35,7 @@ from the parameters'.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -87,17 +87,6 @@ def _leaf_sharding(leaf, sharding, *, strict, what):
   if hasattr(leaf, 'shape'):
     return _fit(sharding, leaf.shape, strict=strict, what=what)
   return leaf  # MaskedNode and other empty nodes.
-
-
-def _replicated(tree, mesh):
-  def rep(x):
-    if qarray_lib.is_qarray(x):
-      return dataclasses.replace(
-          x, codes=NamedSharding(mesh, PartitionSpec()),
-          scale=None if x.scale is None else NamedSharding(
-              mesh, PartitionSpec()))
-    return NamedSharding(mesh, PartitionSpec())
-  return jax.tree.map(rep, tree, is_leaf=qarray_lib.is_qarray)
 
 
 def _is_buffer(x) -> bool:
@@ -158,10 +147,16 @@ def state_shardings(
   """``NamedSharding``s for every buffer of ``state``, from the params'.
 
   Every subtree of ``state`` laid out like the parameters (``mu``, ``nu``,
-  ``trace``, masked copies with ``MaskedNode`` holes, ...) takes the
-  parameters' shardings: a plain array takes its parameter's sharding, a
-  :class:`QArray` gives it to its codes and to its scales. Everything else
-  (step counters, telemetry scalars) is replicated over the same mesh.
+  ``trace``, masked copies with ``MaskedNode`` holes, a dict of per-
+  parameter statistics, ...) takes the parameters' shardings: a plain array
+  takes its parameter's sharding, a :class:`QArray` gives it to its codes
+  and to its scales. A parameter's slot may also hold buffers of other
+  shapes, or a subtree of them (preconditioner factors, say); each takes
+  the parameter's ``PartitionSpec`` axis by axis, the same rule as codes
+  and scales: an axis whose length the mesh axes do not divide is
+  replicated, and a buffer of lower rank than its parameter is replicated
+  whole. Everything else (step counters, telemetry scalars, statistics not
+  keyed by parameter) is replicated over the same mesh.
 
   This is how to derive a quantized state's shardings: Optax's
   ``tree_map_params`` can't pair a QArray's two buffers with one leaf of a
@@ -203,61 +198,104 @@ def state_shardings(
     P(None, 'model')
   """
   flat = _check_param_shardings(param_shardings)
-  param_def = jax.tree.structure(param_shardings)
-  param_leaves = [s for _, s in flat]
-  names = [jax.tree_util.keystr(p) for p, _ in flat]
-  mesh = param_leaves[0].mesh
-  single = param_def.num_nodes == 1  # The params are one array.
-  matched = []  # Paths of the subtrees laid out like the parameters.
-  stray = []  # (path, leaf) of buffers outside them.
-
-  def is_leaf(x):
-    return qarray_lib.is_qarray(x) or jax.tree_util.all_leaves([x])
-
-  def replicate(node, path):
-    for p, x in jax.tree_util.tree_flatten_with_path(
-        node, is_leaf=qarray_lib.is_qarray)[0]:
-      if _is_buffer(x):
-        stray.append((path + jax.tree_util.keystr(p), x))
-    return _replicated(node, mesh)
-
-  def visit(node, path):
-    if node is None:
-      return None
-    if single and is_leaf(node):
-      matched.append(path)
-      return _leaf_sharding(node, param_leaves[0], strict=strict,
-                            what=f'state{path}')
-    if not single and not is_leaf(node):
-      try:
-        leaves = param_def.flatten_up_to(node)
-      except (ValueError, TypeError):
-        leaves = None
-      if leaves is not None and any(
-          qarray_lib.is_qarray(x) or hasattr(x, 'shape') for x in leaves):
-        matched.append(path)
-        return param_def.unflatten([
-            _leaf_sharding(x, s, strict=strict, what=f'state{path}{n}')
-            for x, s, n in zip(leaves, param_leaves, names)])
-    if is_leaf(node):
-      return replicate(node, path)
-    children, node_def = jax.tree_util.tree_flatten_with_path(
-        node, is_leaf=lambda y: y is not node)
-    return node_def.unflatten([
-        visit(c, path + jax.tree_util.keystr(p)) for p, c in children])
-
-  out = visit(state, '')
-  if stray and (strict or not matched):
-    path, x = stray[0]
-    params_like = ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
-    reason = ('no subtree of the state is laid out like param_shardings'
-              if not matched else
-              'it lies outside the subtrees laid out like param_shardings '
-              f'({", ".join(f"state{m}" for m in matched[:3])})')
-    raise ValueError(
-        f'state{path} is {_describe(x)}, but {reason}, whose leaves are '
-        f'{params_like} ({len(names)} in all). Pass the shardings of the '
-        'parameters the state was initialised from, in their structure'
-        + ('.' if not matched else
-           ', or strict=False to replicate this buffer.'))
+  ctx = _Context(
+      jax.tree.structure(param_shardings), [s for _, s in flat],
+      [jax.tree_util.keystr(p) for p, _ in flat], strict, [], [])
+  out = _visit(state, '', ctx)
+  if ctx.stray and (strict or not ctx.matched):
+    _raise_stray(ctx)
   return out
+
+
+class _Context(NamedTuple):
+  """What :func:`_visit` matches against, and what it found."""
+
+  param_def: Any
+  shardings: list[NamedSharding]
+  names: list[str]  # The parameters' key strings.
+  strict: bool
+  matched: list[str]  # Paths of the subtrees laid out like the parameters.
+  stray: list[tuple[str, Any]]  # (path, leaf) of buffers outside them.
+
+  @property
+  def single(self) -> bool:
+    return self.param_def.num_nodes == 1  # The params are one array.
+
+
+def _is_leaf(x) -> bool:
+  return qarray_lib.is_qarray(x) or jax.tree_util.all_leaves([x])
+
+
+def _slot_sharding(slot, sharding, *, strict, what):
+  """Shardings of one parameter's slot: a buffer, a QArray or a subtree."""
+  flat, slot_def = jax.tree_util.tree_flatten_with_path(
+      slot, is_leaf=qarray_lib.is_qarray)
+  return slot_def.unflatten([
+      _leaf_sharding(x, sharding, strict=strict,
+                     what=what + jax.tree_util.keystr(p)) for p, x in flat])
+
+
+def _per_parameter(node, ctx: _Context) -> list[Any] | None:
+  """``node``'s slots by parameter, if it is laid out like the params."""
+  try:
+    slots = ctx.param_def.flatten_up_to(node)
+  except (ValueError, TypeError):
+    return None
+  has_buffers = any(
+      qarray_lib.is_qarray(x) or hasattr(x, 'shape')
+      or any(hasattr(y, 'shape') for y in jax.tree.leaves(x))
+      for x in slots)
+  return slots if has_buffers else None
+
+
+def _visit(node, path: str, ctx: _Context):
+  """Shardings of ``node`` at ``path`` (a key string) of the state."""
+  if node is None:
+    return None
+  if ctx.single and _is_leaf(node):
+    ctx.matched.append(path)
+    return _leaf_sharding(node, ctx.shardings[0], strict=ctx.strict,
+                          what=f'state{path}')
+  slots = None if ctx.single or _is_leaf(node) else _per_parameter(node, ctx)
+  if slots is not None:
+    ctx.matched.append(path)
+    return ctx.param_def.unflatten([
+        _slot_sharding(x, s, strict=ctx.strict, what=f'state{path}{n}')
+        for x, s, n in zip(slots, ctx.shardings, ctx.names)])
+  if _is_leaf(node):
+    return _replicated(node, path, ctx)
+  children, node_def = jax.tree_util.tree_flatten_with_path(
+      node, is_leaf=lambda y: y is not node)
+  return node_def.unflatten([
+      _visit(c, path + jax.tree_util.keystr(p), ctx) for p, c in children])
+
+
+def _replicated(node, path: str, ctx: _Context):
+  """Replicated shardings for a leaf outside the per-parameter subtrees."""
+  mesh = ctx.shardings[0].mesh
+  rep = NamedSharding(mesh, PartitionSpec())
+  for p, x in jax.tree_util.tree_flatten_with_path(
+      node, is_leaf=qarray_lib.is_qarray)[0]:
+    if _is_buffer(x):
+      ctx.stray.append((path + jax.tree_util.keystr(p), x))
+  if qarray_lib.is_qarray(node):
+    return dataclasses.replace(
+        node, codes=rep, scale=None if node.scale is None else rep)
+  return jax.tree.map(lambda _: rep, node)
+
+
+def _raise_stray(ctx: _Context):
+  """The error for a buffer outside every per-parameter subtree."""
+  path, x = ctx.stray[0]
+  names = ctx.names
+  params_like = ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
+  reason = ('no subtree of the state is laid out like param_shardings'
+            if not ctx.matched else
+            'it lies outside the subtrees laid out like param_shardings '
+            f'({", ".join(f"state{m}" for m in ctx.matched[:3])})')
+  raise ValueError(
+      f'state{path} is {_describe(x)}, but {reason}, whose leaves are '
+      f'{params_like} ({len(names)} in all). Pass the shardings of the '
+      'parameters the state was initialised from, in their structure'
+      + ('.' if not ctx.matched else
+         ', or strict=False to replicate this buffer.'))

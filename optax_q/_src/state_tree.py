@@ -95,19 +95,29 @@ def field_name(path, root: Any = None) -> str | None:
   return name
 
 
-def field_names(state: Any) -> tuple[set[str], set[str]]:
+def field_names(state: Any, skip: Callable[[Any], Any] | None = None
+                ) -> tuple[set[str], set[str]]:
   """``(float field names, integer field names)`` of a state's leaves.
 
-  Every ``GetAttrKey`` on a leaf's path counts (a float leaf under ``mu``
-  of a ``QuantizedState``'s ``inner_state`` names ``inner_state`` too).
-  :class:`QArray` leaves are float leaves.
+  Every ``GetAttrKey`` on a leaf's path counts; :class:`QArray` leaves are
+  float leaves. ``skip`` is as for :func:`map_fields`: a wrapper's state
+  node is read through the subtree it returns (its own counters and
+  telemetry are not fields of the wrapped state).
   """
   floats, ints = set(), set()
-  flat = jax.tree_util.tree_flatten_with_path(
-      state, is_leaf=qarray_lib.is_qarray)[0]
+
+  def is_node(x):
+    return qarray_lib.is_qarray(x) or (skip is not None
+                                       and skip(x) is not None)
+
+  flat = jax.tree_util.tree_flatten_with_path(state, is_leaf=is_node)[0]
   for path, leaf in flat:
-    names = {k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)
-             and not k.name.startswith(('codes:', 'scale:'))}
+    inner = None if skip is None else skip(leaf)
+    if inner is not None:
+      f, i = field_names(inner[0], skip)
+      floats, ints = floats | f, ints | i
+      continue
+    names = {k.name for k in path if isinstance(k, jax.tree_util.GetAttrKey)}
     if qarray_lib.is_qarray(leaf) or is_float_array(leaf):
       floats |= names
     elif hasattr(leaf, 'dtype') and jnp.issubdtype(leaf.dtype, jnp.integer):
@@ -124,11 +134,12 @@ def probe_state(inner: optax.GradientTransformation) -> Any:
     return None
 
 
-def probe_field_names(inner: optax.GradientTransformation
+def probe_field_names(inner: optax.GradientTransformation,
+                      skip: Callable[[Any], Any] | None = None
                       ) -> tuple[set[str], set[str]] | None:
   """:func:`field_names` of ``inner``'s state on a probe tree, or None."""
   state = probe_state(inner)
-  return None if state is None else field_names(state)
+  return None if state is None else field_names(state, skip)
 
 
 def innermost_of(path, names) -> str | None:

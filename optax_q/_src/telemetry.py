@@ -19,20 +19,11 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from optax_q._src import formats as formats_lib
 from optax_q._src import qarray as qarray_lib
+from optax_q._src import state_tree
 from optax_q._src import transform
 from optax_q._src import validation
-
-
-def _nbytes(x: Any) -> int:
-  if x is None:
-    return 0
-  if hasattr(x, 'shape') and hasattr(x, 'dtype'):
-    return int(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize)
-  return 0
 
 
 def state_nbytes(state: Any) -> int:
@@ -42,20 +33,17 @@ def state_nbytes(state: Any) -> int:
   packed two per byte); counters and telemetry scalars are included. Works
   on concrete arrays and on ``jax.eval_shape`` output alike.
   """
-  return sum(_nbytes(x) for x in jax.tree.leaves(state))
+  return sum(qarray_lib.nbytes_of(x) for x in jax.tree.leaves(state))
 
 
 def _moment_leaves(state: Any):
   """(elements, bytes, quantized) per state moment buffer (rank >= 1)."""
   out = []
-  inner = state
-  for x in jax.tree.leaves(inner, is_leaf=qarray_lib.is_qarray):
-    if qarray_lib.is_qarray(x):
-      if x.ndim >= 1:
-        out.append((x.size, sum(_nbytes(a) for a in jax.tree.leaves(x)), True))
-    elif (hasattr(x, 'shape') and len(x.shape) >= 1
-          and jnp.issubdtype(x.dtype, jnp.floating)):
-      out.append((math.prod(x.shape), _nbytes(x), False))
+  for x in jax.tree.leaves(state, is_leaf=qarray_lib.is_qarray):
+    if qarray_lib.is_qarray(x) and x.ndim >= 1:
+      out.append((x.size, state_nbytes(x), True))  # Boxed codes too.
+    elif state_tree.is_float_array(x) and len(x.shape) >= 1:
+      out.append((math.prod(x.shape), qarray_lib.nbytes_of(x), False))
   return out
 
 
@@ -104,8 +92,8 @@ def stall_fraction(state: Any) -> dict[str, jax.Array]:
   for path, node in nodes:
     if not is_qstate(node) or node.stalled is None:
       continue
-    prefix = transform.path_str(path)
+    prefix = state_tree.path_str(path)
     for p, v in jax.tree_util.tree_flatten_with_path(node.stalled)[0]:
-      name = transform.path_str(p)
+      name = state_tree.path_str(p)
       out[f'{prefix}/{name}' if prefix else name] = v
   return out

@@ -50,8 +50,9 @@ from typing import Any
 import numpy as np
 
 from optax_q._src import formats as formats_lib
+from optax_q._src import validation
 
-ROUNDING_MODES = ('nearest', 'stochastic')
+ROUNDING_MODES = validation.ROUNDING_MODES
 
 # Stored mantissa bits of the second-moment grids the stall model describes.
 # A name means what it means everywhere (``formats.FORMAT_ALIASES``), and the
@@ -107,26 +108,14 @@ _NORMAL = statistics.NormalDist()
 # -----------------------------------------------------------------------------
 
 
-def _open_unit(value: Any, name: str, allowed: str = '(0, 1)') -> float:
-  """``float(value)``, checked to lie in the open interval (0, 1).
+_CONSTRUCTION_HINT = (' (These functions run at construction time; under '
+                      'optax.inject_hyperparams pass a Python float.)')
 
-  Python and NumPy numbers (0-d arrays too) are accepted; strings, arrays
-  with more than one dimension and NaN are not.
-  """
-  if isinstance(value, (str, bytes)) or np.ndim(value) != 0:
-    raise ValueError(
-        f'{name} must be a real number in {allowed}, got '
-        f'{reprlib.repr(value)}.')
-  try:
-    x = float(value)
-  except (TypeError, ValueError) as e:
-    raise ValueError(
-        f'{name} must be a concrete real number in {allowed}, got {value!r}. '
-        '(These functions run at construction time; under '
-        'optax.inject_hyperparams pass a Python float.)') from e
-  if isinstance(value, bool) or not 0.0 < x < 1.0:
-    raise ValueError(f'{name} must lie in {allowed}, got {value!r}.')
-  return x
+
+def _open_unit(value: Any, name: str) -> float:
+  """``float(value)``, checked to lie in the open interval (0, 1)."""
+  return validation.check_number(value, name, low=0.0, high=1.0, closed='()',
+                                 concrete=True, hint=_CONSTRUCTION_HINT)
 
 
 def _check_b2(b2: Any) -> float:
@@ -134,24 +123,8 @@ def _check_b2(b2: Any) -> float:
 
 
 def _check_p_init(p_init: Any) -> float:
-  if isinstance(p_init, (str, bytes)) or np.ndim(p_init) != 0:
-    raise ValueError(
-        f'p_init must be a real number in [0, 1), got {reprlib.repr(p_init)}.')
-  try:
-    x = float(p_init)
-  except (TypeError, ValueError) as e:
-    raise ValueError(
-        f'p_init must be a real number in [0, 1), got {p_init!r}.') from e
-  if isinstance(p_init, bool) or not 0.0 <= x < 1.0:
-    raise ValueError(f'p_init must lie in [0, 1), got {p_init!r}.')
-  return x
-
-
-def _check_rounding(rounding: Any) -> str:
-  if rounding not in ROUNDING_MODES:
-    raise ValueError(
-        f'rounding must be one of {ROUNDING_MODES}, got {rounding!r}.')
-  return rounding
+  return validation.check_number(p_init, 'p_init', low=0.0, high=1.0,
+                                 concrete=True, hint=_CONSTRUCTION_HINT)
 
 
 def _check_steps(value: Any, name: str, minimum: int,
@@ -391,7 +364,7 @@ def stall_probability(
     Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Propositions 3.3, 5.1)
   """
   rho = effective_precision_ratio(fmt, b2)
-  rounding = _check_rounding(rounding)
+  rounding = validation.check_rounding(rounding)
   if rounding == 'nearest':
     return float(_nearest_stall(rho, 1.0, asymptotic))
   if asymptotic:
@@ -574,6 +547,29 @@ def startup_window(
   return max(1, math.ceil(math.log1p(-phi_star) / math.log(b2)))
 
 
+def _ages(age, b2):
+  """``(b2, k, b2**k)`` for checked ``age`` (int64) and ``b2``."""
+  b2 = _check_b2(b2)
+  k = _check_steps(age, 'age', 1)
+  return b2, k, np.power(b2, k.astype(np.float64))
+
+
+def error_of_power(pk):
+  r"""The statistical error :math:`2\beta^K / (1 + \beta^K)` from
+  :math:`\beta^K` (NumPy or ``jax.numpy`` arrays alike; Eq. 23)."""
+  return 2.0 * pk / (1.0 + pk)
+
+
+def excess_above(s, s0, xp=np):
+  r"""The excess staleness :math:`[(S - s_0) / (1 - s_0)]_+` (Eq. 22).
+
+  One formula for the model (:func:`cycle_staleness`) and for the adaptive
+  reset rule, which applies it to the measured stall fraction; ``xp`` is
+  ``numpy`` or ``jax.numpy``.
+  """
+  return xp.maximum((s - s0) / (1.0 - s0), 0.0)
+
+
 def effective_sample_size(age: int | np.ndarray, b2: float = 0.999):
   r"""Effective sample size of a bias-corrected EMA of local age ``age``.
 
@@ -602,9 +598,7 @@ def effective_sample_size(age: int | np.ndarray, b2: float = 0.999):
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
     Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Eq. 23)
   """
-  b2 = _check_b2(b2)
-  k = _check_steps(age, 'age', 1)
-  pk = np.power(b2, k.astype(np.float64))
+  b2, k, pk = _ages(age, b2)
   n = (1.0 + b2) * _phi(k, b2) / ((1.0 - b2) * (1.0 + pk))
   return float(n) if np.ndim(n) == 0 else n
 
@@ -636,10 +630,8 @@ def statistical_error(age: int | np.ndarray, b2: float = 0.999):
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
     Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Eq. 23)
   """
-  b2 = _check_b2(b2)
-  k = _check_steps(age, 'age', 1)
-  pk = np.power(b2, k.astype(np.float64))
-  e = 2.0 * pk / (1.0 + pk)
+  _, _, pk = _ages(age, b2)
+  e = error_of_power(pk)
   return float(e) if np.ndim(e) == 0 else e
 
 
@@ -649,7 +641,7 @@ def _normalized_excess(
   """``[(S(j) - s0) / (1 - s0)]_+`` with ``S(j) = P_NR(j) / P_ss``."""
   p_ss = _nearest_stall(rho, 1.0, asymptotic)
   s = _nearest_stall(rho, _phi(j, b2), asymptotic) / p_ss
-  return np.maximum((s - s0) / (1.0 - s0), 0.0)
+  return excess_above(s, s0)
 
 
 def cycle_staleness(
