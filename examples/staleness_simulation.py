@@ -26,7 +26,7 @@ Two experiments:
    spacing is ``(eps / m) v``; a per-tensor power-of-two scale changes
    nothing), (b) its mantissa ``m`` is log-uniform on [1, 2), (c) the state is
    stationary, ``v_{t-1} ~= sigma^2``, and (d) ``g^2 / sigma^2 ~ chi^2_1``. We
-   match each assumption: grids have no scale (``scale='none'``; fp4 is the
+   match each assumption: grids have no scale (``scale_mode='none'``; fp4 is the
    two-mantissa-bit grid ``e8m2``, the model's FP4 epsilon ``2**-2`` without
    a block scale or a narrow exponent range), ``sigma_i = 2**U(-2, 2)`` spreads
    the mantissas over four binades, and every step tests one update from the
@@ -34,7 +34,7 @@ Two experiments:
    stationary around ``sigma^2``. The stalled fraction is
    ``mean(Q(b2 Q(v32) + (1 - b2) g^2) == Q(v32))``, on decoded values.
 2. **Tracking** (``tracking``): the library's own optimizer,
-   ``quantize_state(scale_by_adam_local_age(), {'nu': fmt}, scale='none')``,
+   ``quantize_state(scale_by_adam_local_age(), {'nu': fmt}, scale_mode='none')``,
    optionally wrapped in ``reset_state(..., {'nu': K*})`` with ``K*`` from
    :func:`optax_q.reset_period`, runs free from a zero state. We record the
    stored ``v / sigma^2`` (what the EMA believes the variance is) and the
@@ -127,7 +127,7 @@ def stationary_stalls(fmt, scale, rounding, b2, *, dim, steps, seed):
 
   def q(x, t, stream):
     # Shape (1, dim): block scales run along the last axis.
-    qa = optax_q.quantize(x[None], fmt, scale=scale, block_size=128,
+    qa = optax_q.quantize(x[None], fmt, scale_mode=scale, block_size=128,
                           rounding=rounding, seed=seed, step=t,
                           stream=stream)
     return optax_q.dequantize(qa)[0]
@@ -156,7 +156,7 @@ def tracking_run(fmt, scale, rounding, b2, reset_every, *, dim, steps, seed,
   if fmt != 'fp32':
     inner = optax_q.quantize_state(
         inner, {'nu': fmt}, rounding=rounding, seed=seed, min_size=0,
-        scale=scale, block_size=128)
+        scale_mode=scale, block_size=128)
   tx = inner if reset_every is None else optax_q.reset_state(
       inner, {'nu': reset_every})
   sigma = _sigmas(dim, seed)

@@ -17,15 +17,16 @@ from optax_q._src.alias import adam
 from optax_q._src.alias import adamw
 from optax_q._src.alias import lion
 from optax_q._src.alias import sgd
+from optax_q._src.formats import Format
 from optax_q._src.formats import FORMAT_ALIASES
 from optax_q._src.formats import FORMAT_NAMES
-from optax_q._src.formats import Format
 from optax_q._src.formats import get_format
 from optax_q._src.formats import unsigned_variant
 from optax_q._src.qarray import dequantize
 from optax_q._src.qarray import is_qarray
 from optax_q._src.qarray import QArray
 from optax_q._src.qarray import quantize
+from optax_q._src.resets import adam_with_resets
 from optax_q._src.resets import reset_state
 from optax_q._src.resets import reset_where
 from optax_q._src.resets import ResetState
@@ -49,18 +50,47 @@ from optax_q._src.transform import NONNEGATIVE_FIELDS
 from optax_q._src.transform import quantize_state
 from optax_q._src.transform import quantized_leaves
 from optax_q._src.transform import QuantizedState
+from optax_q._src.transform import StorageConfig
 
 __version__ = '0.1.0'
 
 __all__ = (
-    'FORMAT_ALIASES', 'FORMAT_NAMES', 'Format', 'NONNEGATIVE_FIELDS', 'QArray',
-    'QuantizedState', 'adam', 'adamw', 'cycle_staleness', 'dequantize',
-    'effective_decay', 'effective_precision_ratio', 'effective_sample_size',
-    'format_epsilon', 'get_format', 'is_qarray', 'lion', 'quantize',
-    'quantize_state', 'quantized_leaves', 'reset_period', 'sgd',
-    'stall_fraction', 'stall_probability', 'startup_window',
-    'state_bits_per_element', 'state_nbytes', 'statistical_error',
+    'FORMAT_ALIASES',
+    'FORMAT_NAMES',
+    'Format',
+    'NONNEGATIVE_FIELDS',
+    'QArray',
+    'QuantizedState',
+    'ResetState',
+    'ScaleByAdamLocalAgeState',
+    'StorageConfig',
+    'adam',
+    'adam_with_resets',
+    'adamw',
+    'cycle_staleness',
+    'dequantize',
+    'effective_decay',
+    'effective_precision_ratio',
+    'effective_sample_size',
+    'format_epsilon',
+    'get_format',
+    'is_qarray',
+    'lion',
+    'quantize',
+    'quantize_state',
+    'quantized_leaves',
+    'reset_period',
+    'reset_state',
+    'reset_where',
+    'scale_by_adam_local_age',
+    'sgd',
+    'stall_fraction',
+    'stall_probability',
+    'startup_window',
+    'state_bits_per_element',
+    'state_nbytes',
+    'state_shardings',
+    'statistical_error',
     'transient_stall_probability',
-    'reset_state', 'reset_where', 'ResetState', 'scale_by_adam_local_age',
-    'ScaleByAdamLocalAgeState', 'state_shardings', 'unsigned_variant',
+    'unsigned_variant',
 )

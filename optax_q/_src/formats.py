@@ -143,7 +143,9 @@ def _float_grid(ebits: int, mbits: int, finite_max: float) -> tuple:
   return tuple(sorted(values))
 
 
-def _ieee_float(name, ebits, mbits, storage, max_value) -> Format:
+def _ieee_float(name, ebits, mbits, storage, max_value, *,
+                scaled: bool = False) -> Format:
+  """A float format of ``ebits`` exponent and ``mbits`` mantissa bits."""
   bias = 2 ** (ebits - 1) - 1
   return Format(
       name=name,
@@ -153,7 +155,7 @@ def _ieee_float(name, ebits, mbits, storage, max_value) -> Format:
       exponent_bits=ebits,
       mantissa_bits=mbits,
       max_value=float(max_value),
-      scaled=False,
+      scaled=scaled,
       min_normal=2.0 ** (1 - bias),
   )
 
@@ -311,17 +313,8 @@ def _simulated(ebits: int, mbits: int) -> Format:
   top = 2**ebits - 1 - (1 if ebits == 8 else 0)
   max_value = (2 - 2.0**-mbits) * 2.0 ** (top - bias)
   container = 'bfloat16' if ebits <= 8 and mbits <= 7 else 'float32'
-  return Format(
-      name=f'e{ebits}m{mbits}',
-      kind='float',
-      bits=1 + ebits + mbits,
-      storage_dtype=container,
-      exponent_bits=ebits,
-      mantissa_bits=mbits,
-      max_value=float(max_value),
-      scaled=ebits < 8,
-      min_normal=2.0 ** (1 - bias),
-  )
+  return _ieee_float(f'e{ebits}m{mbits}', ebits, mbits, container, max_value,
+                     scaled=ebits < 8)
 
 
 FORMAT_NAMES = (

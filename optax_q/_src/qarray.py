@@ -153,7 +153,21 @@ def nbytes_of(x: Any) -> int:
 
 
 def is_qarray(x: Any) -> bool:
-  """Whether ``x`` is a :class:`QArray` (for ``is_leaf=`` arguments)."""
+  """Whether ``x`` is a :class:`QArray` (for ``is_leaf=`` arguments).
+
+  Args:
+    x: Anything.
+
+  Returns:
+    True for a :class:`QArray`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, optax_q
+    >>> state = optax_q.adamw(1e-3, min_size=0).init({'w': jnp.ones((2, 256))})
+    >>> leaves = jax.tree.leaves(state, is_leaf=optax_q.is_qarray)
+    >>> sum(map(optax_q.is_qarray, leaves))
+    2
+  """
   return isinstance(x, QArray)
 
 
@@ -572,6 +586,17 @@ def quantize(
 
 def dequantize(q: QArray, dtype: Any = None) -> jax.Array:
   """Decodes a :class:`QArray` to its logical dtype (or ``dtype``).
+
+  Args:
+    q: The quantized array.
+    dtype: A float dtype to decode to; None for ``q``'s logical dtype.
+
+  Returns:
+    The decoded array, of ``q``'s logical shape.
+
+  Raises:
+    ValueError: if ``q`` is not a :class:`QArray` or ``dtype`` is not a
+      float dtype.
 
   Examples:
     >>> import jax.numpy as jnp, optax_q

@@ -188,21 +188,19 @@ def _check_unit(value: Any, name: str) -> Any:
 
 def _check_counters(counters: Any, named: Sequence[str]) -> dict[str, tuple]:
   """``{field: (counter, ...)}`` from ``counters`` (checked)."""
-  if not isinstance(counters, Mapping):
-    raise ValueError(
-        'counters must be a dict {field: counter field name or a sequence of '
-        f'them}}, got {validation.short(counters)}.')
-  validation.check_field_keys(counters, 'counters')
-  out = {}
-  for f, cs in counters.items():
-    if isinstance(cs, str):
-      cs = (cs,)
+
+  def check(f, cs):
+    cs = (cs,) if isinstance(cs, str) else cs
     if not (isinstance(cs, Sequence) and all(isinstance(c, str) for c in cs)):
       raise ValueError(
           f'counters[{f!r}] must be an integer state field name (str) or a '
           f'sequence of them, e.g. {{{f!r}: {"count_" + f!r}}}; got '
           f'{validation.short(cs)}.')
-    out[f] = tuple(cs)
+    return tuple(cs)
+
+  out = validation.check_field_map(
+      counters, 'counters', check,
+      'a dict {field: counter field name or a sequence of them}')
   unknown = sorted(set(out) - set(named))
   if unknown:
     raise ValueError(
@@ -218,9 +216,10 @@ def _check_every(every: Any, fields: Any, name: str = 'reset_every'
   if not isinstance(every, Mapping):
     period = validation.check_period(every, name, (ADAPTIVE,))
     return {f: period for f in fields}
-  validation.check_field_keys(every, name)
-  return {f: validation.check_period(p, f'{name}[{f!r}]', (ADAPTIVE,))
-          for f, p in every.items()}
+  return validation.check_field_map(
+      every, name,
+      lambda f, p: validation.check_period(p, f'{name}[{f!r}]', (ADAPTIVE,)),
+      'a dict')
 
 
 class _Plan(NamedTuple):
@@ -534,6 +533,13 @@ class ScaleByAdamLocalAgeState(NamedTuple):
   order, so the leaves of ``mu`` and ``nu`` have the same flat positions
   (and hence the same stochastic-rounding streams under
   :func:`quantize_state`) as Optax's Adam.
+
+  Attributes:
+    count: All updates (int32).
+    mu: The first moment, shaped like the parameters.
+    nu: The second moment, shaped like the parameters.
+    count_mu: The first moment's local age (updates since its last reset).
+    count_nu: The second moment's local age.
   """
 
   count: jax.Array  # shape=(), dtype=jnp.int32; all updates.
@@ -929,6 +935,16 @@ def adam_with_resets(
     ValueError: at construction, naming the argument: see
       :func:`reset_state` and :func:`resolve_reset_every`; with
       ``'adaptive'`` and no ``decay``, ``b2`` must lie in ``(0, 1)``.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, optax_q
+    >>> tx = optax.chain(
+    ...     optax_q.adam_with_resets(
+    ...         300, formats={'mu': 'fp8_e4m3', 'nu': 'fp8_e4m3'}, min_size=0),
+    ...     optax.scale(-1e-3))
+    >>> state = tx.init({'w': jnp.zeros((4, 128))})
+    >>> state[0].ages
+    {'mu': Array(0, dtype=int32), 'nu': Array(0, dtype=int32)}
 
   References:
     Topollai & Choromanska, `Understanding Quantization of Optimizer States

@@ -32,6 +32,19 @@ def state_nbytes(state: Any) -> int:
   Quantized leaves count their codes and scales as stored (4-bit codes are
   packed two per byte); counters and telemetry scalars are included. Works
   on concrete arrays and on ``jax.eval_shape`` output alike.
+
+  Args:
+    state: Any pytree of arrays or ``jax.ShapeDtypeStruct``.
+
+  Returns:
+    The bytes, a Python int.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, optax_q
+    >>> tx = optax_q.adamw(1e-3, mu_format='int4', nu_format='int4',
+    ...                    min_size=0)
+    >>> optax_q.state_nbytes(jax.eval_shape(tx.init, {'w': jnp.ones((4, 256))}))
+    1096
   """
   return sum(qarray_lib.nbytes_of(x) for x in jax.tree.leaves(state))
 
@@ -58,6 +71,15 @@ def state_bits_per_element(state: Any, *, quantized_only: bool = False
   Args:
     state: Any optimizer state.
     quantized_only: Count only the quantized leaves.
+
+  Returns:
+    Bits per element, a Python float (NaN when there are no moments).
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> state = optax_q.adamw(1e-3, min_size=0).init({'w': jnp.ones((4, 256))})
+    >>> optax_q.state_bits_per_element(state)
+    8.25
   """
   quantized_only = validation.check_bool(quantized_only, 'quantized_only')
   leaves = [l for l in _moment_leaves(state) if l[2] or not quantized_only]
@@ -80,6 +102,19 @@ def stall_fraction(state: Any) -> dict[str, jax.Array]:
   pass over the state); leaves without them are left out. Works on any
   state that contains ``quantize_state`` states, inside chains, masks and
   partitions.
+
+  Args:
+    state: Any optimizer state.
+
+  Returns:
+    ``{path: float32 scalar}``, one entry per tracked quantized leaf.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.adamw(1e-3, min_size=0, track_stalls=True)
+    >>> state = tx.init({'w': jnp.ones((2, 256))})
+    >>> sorted(optax_q.stall_fraction(state))
+    ['0/mu/w', '0/nu/w']
 
   References:
     Understanding Quantization of Optimizer States in LLM Pre-training:

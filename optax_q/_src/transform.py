@@ -91,13 +91,8 @@ def _check_formats(formats: FormatSpec, nonnegative: frozenset[str]
     return formats
   if isinstance(formats, (str, Format)):
     return formats_lib.check_format(formats, 'formats')
-  if not isinstance(formats, Mapping):
-    raise ValueError(
-        'formats must be a format name, a Format, a dict {field: format} or '
-        f'a callable (path, leaf) -> format, got {type(formats).__name__}.')
-  validation.check_field_keys(formats, 'formats')
-  out = {}
-  for key, fmt in formats.items():
+
+  def check(key, fmt):
     fmt = (None if fmt is None
            else formats_lib.check_format(fmt, f'formats[{key!r}]'))
     if fmt is not None and not fmt.signed and key not in nonnegative:
@@ -105,17 +100,22 @@ def _check_formats(formats: FormatSpec, nonnegative: frozenset[str]
           f'formats[{key!r}]={fmt.name!r} is unsigned, but {key!r} is a '
           'signed state field; unsigned formats are allowed for '
           f'{sorted(nonnegative)}.')
-    out[key] = fmt
-  return out
+    return fmt
+
+  return validation.check_field_map(
+      formats, 'formats', check,
+      'a format name, a Format, a dict {field: format} or a callable '
+      '(path, leaf) -> format')
 
 
 def _check_rounding(rounding: Any) -> str | dict[str, str]:
   """A rounding name, or a dict {field: rounding name}, checked early."""
   if not isinstance(rounding, Mapping):
     return validation.check_rounding(rounding)
-  validation.check_field_keys(rounding, 'rounding')
-  return {key: validation.check_rounding(mode, f'rounding[{key!r}]')
-          for key, mode in rounding.items()}
+  return validation.check_field_map(
+      rounding, 'rounding',
+      lambda key, mode: validation.check_rounding(mode, f'rounding[{key!r}]'),
+      'a dict')
 
 
 def check_storage_args(*, rounding: Any, block_size: Any, seed: Any,
@@ -155,6 +155,25 @@ class StorageConfig:
   meaning. ``None`` stands for the default of ``seed`` (0), ``min_size``
   (4096) and ``block_size`` (128), so that ``optax.inject_hyperparams``,
   which injects every int it is given, leaves the defaults static.
+
+  Attributes:
+    formats: One format, ``{field: format}``, or ``(path, leaf) -> format``.
+    rounding: ``'nearest'``, ``'stochastic'`` or ``{field: rounding}``.
+    seed: Seed of the stochastic rounding.
+    min_size: Leaves with fewer elements stay unquantized.
+    block_size: Elements per scale along the last axis.
+    scale_mode: ``'block'``, ``'row'``, ``'tensor'``, ``'none'`` or None
+      (by format).
+    track_stalls: Whether the state keeps per-leaf stalled fractions.
+    elementwise: Whether the inner transform is elementwise (see
+      :func:`quantize_state`).
+    tile_size: Most elements per tile, or None.
+    nonnegative_fields: Fields holding non-negative statistics.
+
+  Examples:
+    >>> import optax_q
+    >>> optax_q.StorageConfig(formats='fp8', block_size=64).block_size
+    64
   """
 
   formats: FormatSpec = 'int8_dynamic'
@@ -495,7 +514,20 @@ def _stall_tree(new, old):
 
 
 def quantized_leaves(state) -> dict[str, QArray]:
-  """All :class:`QArray` leaves of any state, by ``'a/b/c'`` path."""
+  """All :class:`QArray` leaves of any state, by ``'a/b/c'`` path.
+
+  Args:
+    state: Any optimizer state (or pytree).
+
+  Returns:
+    ``{path: QArray}``, in the state's flattening order.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> state = optax_q.adamw(1e-3, min_size=0).init({'w': jnp.ones((2, 256))})
+    >>> sorted(optax_q.quantized_leaves(state))
+    ['0/inner_state/mu/w', '0/inner_state/nu/w']
+  """
   flat = jax.tree_util.tree_flatten_with_path(
       state, is_leaf=qarray_lib.is_qarray)[0]
   return {path_str(p): x for p, x in flat if qarray_lib.is_qarray(x)}

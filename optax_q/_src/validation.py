@@ -253,6 +253,18 @@ def check_field_keys(mapping: Mapping[Any, Any], name: str) -> None:
           f'{name} keys must be state field names (str), got {key!r}.')
 
 
+def check_field_map(value: Any, name: str, check: Any, what: str
+                    ) -> dict[str, Any]:
+  """``{field: check(field, v)}`` for a mapping keyed by state field names.
+
+  ``what`` says what ``name`` must be when ``value`` is not a mapping.
+  """
+  if not isinstance(value, Mapping):
+    raise ValueError(f'{name} must be {what}, got {short(value)}.')
+  check_field_keys(value, name)
+  return {key: check(key, v) for key, v in value.items()}
+
+
 def check_known(name: str, names, known: set[str] | None, kind: str) -> None:
   """Raises if ``names`` holds fields that ``known`` (when given) lacks."""
   if known is None:
