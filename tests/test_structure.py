@@ -1,0 +1,297 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The library's shape: function budgets, exports, docstrings, renamed
+arguments, declared non-negative fields, the storage config, ``encode_like``
+and the sharding of per-parameter state of other shapes."""
+
+import ast
+import dataclasses
+import inspect
+import pathlib
+from typing import NamedTuple
+import warnings
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import optax
+import optax_q
+from optax_q._src import qarray as qarray_lib
+
+SRC = pathlib.Path(optax_q.__file__).parent / '_src'
+MAX_LINES = 60
+MAX_BRANCHES = 15
+
+
+def _docstring_lines(fn: ast.AST) -> set[int]:
+  lines = set()
+  for node in ast.walk(fn):
+    body = getattr(node, 'body', None)
+    if (isinstance(node, (ast.FunctionDef, ast.ClassDef)) and body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)):
+      lines.update(range(body[0].lineno, body[0].end_lineno + 1))
+  return lines
+
+
+def _branches(fn: ast.AST) -> int:
+  """Branches as pylint counts them (R0912), nested functions included."""
+  n = 0
+  for node in ast.walk(fn):
+    if isinstance(node, (ast.If, ast.For, ast.While)):
+      elif_ = (isinstance(node, ast.If) and len(node.orelse) == 1
+               and isinstance(node.orelse[0], ast.If))
+      n += 1 + bool(node.orelse and not elif_)
+    elif isinstance(node, ast.Try):
+      n += len(node.handlers) + bool(node.orelse) + bool(node.finalbody)
+  return n
+
+
+def function_budgets() -> list[tuple[str, int, int]]:
+  """``(where, lines of code, branches)`` of every function in ``_src``.
+
+  Lines of code leave out blank lines, comments and docstrings, and include
+  nested functions (a closure is counted with what it encloses).
+  """
+  out = []
+  for path in sorted(SRC.glob('*.py')):
+    source = path.read_text().splitlines()
+    for fn in ast.walk(ast.parse('\n'.join(source))):
+      if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      skip = _docstring_lines(fn)
+      code = [i for i in range(fn.lineno, fn.end_lineno + 1)
+              if i not in skip and source[i - 1].strip()
+              and not source[i - 1].strip().startswith('#')]
+      out.append((f'{path.name}:{fn.lineno} {fn.name}', len(code),
+                  _branches(fn)))
+  return out
+
+
+class BudgetTest(absltest.TestCase):
+
+  def test_no_function_over_budget(self):
+    over = [f'{where}: {lines} lines, {branches} branches'
+            for where, lines, branches in function_budgets()
+            if lines > MAX_LINES or branches > MAX_BRANCHES]
+    self.assertEmpty(over, '\n'.join(over))
+
+  def test_the_counter_counts(self):
+    budgets = {w.split(' ')[1]: (n, b) for w, n, b in function_budgets()}
+    self.assertGreater(budgets['quantize_state'][0], 5)
+    self.assertGreater(budgets['check_number'][1], 3)
+
+
+class PublicApiTest(absltest.TestCase):
+
+  def test_exports_sorted_and_present(self):
+    names = list(optax_q.__all__)
+    self.assertEqual(names, sorted(names))
+    for name in names:
+      self.assertTrue(hasattr(optax_q, name), name)
+    self.assertIn('adam_with_resets', names)
+
+  def test_every_public_function_documented(self):
+    missing = []
+    for name in optax_q.__all__:
+      obj = getattr(optax_q, name)
+      doc = inspect.getdoc(obj) or ''
+      if inspect.isfunction(obj):
+        missing += [f'{name}: {s}' for s in ('Args:', 'Returns:',
+                                             'Examples:') if s not in doc]
+      elif inspect.isclass(obj) and name != 'Format':
+        if 'Attributes:' not in doc:
+          missing.append(f'{name}: Attributes:')
+    self.assertEmpty(missing, '\n'.join(missing))
+
+
+class RenamedArgumentTest(absltest.TestCase):
+
+  def test_quantize_scale(self):
+    x = jnp.linspace(-1.0, 1.0, 300)
+    new = optax_q.quantize(x, 'int8', scale_mode='row')
+    with self.assertWarnsRegex(DeprecationWarning, 'scale_mode'):
+      old = optax_q.quantize(x, 'int8', scale='row')
+    np.testing.assert_array_equal(old.codes, new.codes)
+    np.testing.assert_array_equal(old.scale, new.scale)
+    self.assertEqual(old.scale_mode, 'row')
+    with self.assertRaisesRegex(ValueError, 'pass only scale_mode'):
+      optax_q.quantize(x, 'int8', scale='row', scale_mode='row')
+
+  def test_quantize_state_scale(self):
+    with self.assertWarnsRegex(DeprecationWarning, 'scale_mode'):
+      tx = optax_q.quantize_state(optax.scale_by_adam(), 'int8',
+                                  min_size=0, scale='tensor')
+    state = tx.init({'w': jnp.ones((4, 64))})
+    self.assertEqual(state.inner_state.mu['w'].scale_mode, 'tensor')
+    with self.assertRaisesRegex(ValueError, 'scale must be one of'):
+      optax_q.quantize_state(optax.scale_by_adam(), scale='col')
+
+  def test_reset_state_every(self):
+    inner = optax_q.scale_by_adam_local_age()
+    with self.assertWarnsRegex(DeprecationWarning, 'reset_every'):
+      old = optax_q.reset_state(inner, every=3)
+    new = optax_q.reset_state(inner, reset_every=3)
+    params = {'w': jnp.ones(3)}
+    s_old, s_new = old.init(params), new.init(params)
+    for _ in range(4):
+      u_old, s_old = old.update(params, s_old)
+      u_new, s_new = new.update(params, s_new)
+    np.testing.assert_array_equal(u_old['w'], u_new['w'])
+    self.assertEqual(int(s_old.resets['mu']), 1)
+    with self.assertRaisesRegex(ValueError, 'pass only reset_every'):
+      optax_q.reset_state(inner, 3, every=3)
+
+
+class _Stats(NamedTuple):
+  stats: dict  # {param: (left, right)}: non-negative entries.
+  drift: dict  # params-shaped, signed.
+
+
+def _factored() -> optax.GradientTransformation:
+  """A toy preconditioner: per-parameter factor EMAs of another shape."""
+
+  def init(params):
+    return _Stats(
+        stats=jax.tree.map(lambda p: (jnp.zeros((p.shape[0],) * 2),
+                                      jnp.zeros((p.shape[1],) * 2)), params),
+        drift=jax.tree.map(jnp.zeros_like, params))
+
+  def update(updates, state, params=None):
+    del params
+    stats = jax.tree.map(
+        lambda g, s: (0.9 * s[0] + abs(g) @ abs(g).T,
+                      0.9 * s[1] + abs(g).T @ abs(g)), updates,
+        state.stats, is_leaf=lambda x: isinstance(x, tuple))
+    drift = jax.tree.map(lambda g, d: 0.9 * d + g, updates, state.drift)
+    return updates, _Stats(stats, drift)
+
+  return optax.GradientTransformation(init, update)
+
+
+class NonnegativeFieldsTest(absltest.TestCase):
+
+  def test_declared_field_gets_the_unsigned_variant(self):
+    tx = optax_q.quantize_state(
+        _factored(), 'int8_dynamic', min_size=0,
+        nonnegative_fields=('stats',))
+    state = tx.init({'w': jnp.ones((16, 32))})
+    left, _ = state.inner_state.stats['w']
+    self.assertEqual(left.fmt.name, 'int8_dynamic_unsigned')
+    self.assertEqual(state.inner_state.drift['w'].fmt.name, 'int8_dynamic')
+    g = {'w': jnp.linspace(-1.0, 1.0, 512).reshape(16, 32)}
+    _, state = jax.jit(tx.update)(g, state)
+    got = optax_q.dequantize(state.inner_state.stats['w'][0])
+    want = abs(g['w']) @ abs(g['w']).T
+    self.assertLess(float(jnp.max(jnp.abs(got - want))),
+                    0.05 * float(jnp.max(want)))
+
+  def test_default_set_applies_without_declaration(self):
+    tx = optax_q.quantize_state(_factored(), 'int8_dynamic', min_size=0)
+    state = tx.init({'w': jnp.ones((16, 32))})
+    self.assertEqual(state.inner_state.stats['w'][0].fmt.name, 'int8_dynamic')
+
+  def test_unsigned_format_only_on_declared_fields(self):
+    with self.assertRaisesRegex(ValueError, "'stats' is a signed"):
+      optax_q.quantize_state(_factored(), {'stats': 'fp4_e2m2u'})
+    optax_q.quantize_state(_factored(), {'stats': 'fp4_e2m2u'},
+                           nonnegative_fields=('stats',))
+
+  def test_bad_declaration_named(self):
+    for bad in ('stats', 3, [1]):
+      with self.assertRaisesRegex(ValueError, 'nonnegative_fields'):
+        optax_q.quantize_state(_factored(), nonnegative_fields=bad)
+
+
+class StorageConfigTest(parameterized.TestCase):
+
+  def test_defaults_and_canonical_values(self):
+    config = optax_q.StorageConfig(seed=np.uint32(7), min_size=np.int64(0))
+    self.assertEqual((config.seed, config.min_size, config.block_size),
+                     (7, 0, 128))
+    self.assertIsInstance(config.seed, int)
+    self.assertEqual(config.formats, optax_q.get_format('int8_dynamic'))
+    with self.assertRaises(dataclasses.FrozenInstanceError):
+      config.seed = 3  # pytype: disable=attribute-error
+
+  @parameterized.parameters(
+      ('block_size', 3), ('seed', -1), ('min_size', 1.5), ('tile_size', 0),
+      ('rounding', 'up'), ('scale_mode', 'col'), ('formats', 'int3'),
+      ('track_stalls', 1), ('elementwise', 'yes'))
+  def test_bad_values_named(self, name, value):
+    with self.assertRaisesRegex(ValueError, name):
+      optax_q.StorageConfig(**{name: value})
+
+  def test_layout_defaults_are_static_under_inject_hyperparams(self):
+    params = {'w': jnp.ones((8, 512))}
+    tx = optax.inject_hyperparams(optax_q.adamw, hyperparam_dtype=jnp.float32)(
+        learning_rate=optax.linear_schedule(1e-3, 0.0, 10))
+    state = jax.jit(tx.init)(params)
+    updates, state = jax.jit(tx.update)(params, state, params)
+    plain = optax_q.adamw(optax.linear_schedule(1e-3, 0.0, 10))
+    want, _ = plain.update(params, plain.init(params), params)
+    # Injected b1, b2, eps are float32 arrays: the same arithmetic to
+    # float32 rounding.
+    np.testing.assert_allclose(updates['w'], want['w'], rtol=1e-6)
+    self.assertNotIn('block_size', state.hyperparams)
+
+
+class EncodeLikeTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      ('int8_dynamic', 'block'), ('int4', 'row'), ('fp8_e4m3', 'tensor'),
+      ('bf16', 'none'))
+  def test_same_layout_as_encode(self, fmt, mode):
+    x = jnp.linspace(-3.0, 3.0, 6 * 200).reshape(6, 200)
+    q = optax_q.quantize(x, fmt, scale_mode=mode, block_size=64)
+    y = 0.5 * x + 0.25
+    key = jax.random.key_data(jax.random.key(1))[0]  # Any uint32 key.
+    got = qarray_lib.encode_like(q, y, key=key)
+    want = qarray_lib.encode(y, q.fmt, scale_mode=mode, block_size=64,
+                             key=key, dtype=q.dtype)
+    self.assertEqual(jax.tree.structure(got), jax.tree.structure(q))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(a, b)
+
+
+class PerParameterShardingTest(absltest.TestCase):
+
+  def test_slots_of_other_shapes_follow_their_parameter(self):
+    mesh = jax.make_mesh((1,), ('data',))
+    params = {'w': jnp.ones((16, 32)), 'v': jnp.ones((8, 24))}
+    specs = {'w': P('data', None), 'v': P(None, 'data')}
+    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+    tx = optax_q.quantize_state(_factored(), 'int8', min_size=0,
+                                nonnegative_fields=('stats',))
+    abstract = jax.eval_shape(tx.init, params)
+    out = optax_q.state_shardings(abstract, shardings, strict=True)
+    left, right = out.inner_state.stats['w']
+    self.assertEqual(left.codes.spec, P('data', None))
+    self.assertEqual(right.codes.spec, P('data', None))
+    self.assertEqual(out.inner_state.stats['v'][1].scale.spec,
+                     P(None, 'data'))
+    self.assertEqual(out.inner_state.drift['w'].codes.spec, P('data', None))
+    self.assertEqual(out.count.spec, P())
+    state = jax.device_put(tx.init(params), out)
+    _, state = jax.jit(tx.update)(params, state)
+
+
+if __name__ == '__main__':
+  with warnings.catch_warnings():
+    absltest.main()
