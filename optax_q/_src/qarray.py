@@ -221,7 +221,13 @@ def _blocked(x: jax.Array, scale_mode: str, block_size: int) -> jax.Array:
   if nb * block_size != n:
     pad = [(0, 0)] * (x.ndim - 1) + [(0, nb * block_size - n)]
     x = jnp.pad(x, pad)
-  return x.reshape(*x.shape[:-1], nb, block_size)
+  shape = (*x.shape[:-1], nb, block_size)
+  spec = explicit.spec_of(x)
+  if spec is None:
+    return x.reshape(shape)
+  # The mesh axes of the last axis go to the blocks, never into a block.
+  return jnp.reshape(x, shape, out_sharding=explicit.with_spec(
+      x, spec[:-1] + (spec[-1], None)))
 
 
 def _unblocked(y: jax.Array, like: jax.Array) -> jax.Array:
@@ -235,14 +241,16 @@ def _unblocked(y: jax.Array, like: jax.Array) -> jax.Array:
     return jnp.reshape(y, shape, out_sharding=sharding)
   n = shape[-1]
   merged = y.shape[:-2] + (y.shape[-2] * y.shape[-1],)
-  if explicit.sharding_of(y) is None:
+  # Drop the padding of the last block from a gathered last axis: a slice
+  # of a sharded axis has no sharding of its own. Gathering it may leave no
+  # sharded axis at all (a last axis shorter than one block).
+  y = explicit.replicate_last_axis(y)
+  spec = explicit.spec_of(y)
+  if spec is None:
     y = y.reshape(merged)
   else:
-    # Drop the padding of the last block from a gathered last axis: a slice
-    # of a sharded axis has no sharding of its own.
-    y = explicit.replicate_last_axis(y)
     y = jnp.reshape(y, merged, out_sharding=explicit.with_spec(
-        y, tuple(explicit.spec_of(y)[:-2]) + (None,)))
+        y, tuple(spec[:-2]) + (None,)))
   if y.shape[-1] != n:
     y = y[..., :n]
   return explicit.reshard(y.reshape(shape), sharding)
