@@ -90,7 +90,7 @@ BUILDERS: dict[str, Callable[..., Any]] = {
         optax_q.transient_stall_probability(
             **{'fmt': 'fp8_e4m3', 'j': 3, **kw})),
     'reset_state': lambda **kw: optax_q.reset_state(
-        **{'inner': optax.scale_by_adam(), 'every': 100, **kw}),
+        **{'inner': optax.scale_by_adam(), **kw}),
     'state_shardings': lambda **kw: optax_q.state_shardings(
         **{'state': {}, 'param_shardings': _param_shardings(), **kw}),
 }
@@ -191,10 +191,12 @@ CASES: list[Case] = (
     + _rows(('adam', 'adamw', 'sgd', 'sgd(momentum=None)'), ['nesterov'],
             BOOL)
     + _rows(OPTIMIZERS + ('sgd(momentum=None)',), ['track_stalls'], BOOL)
-    # Storage arguments, shared by the optimizers and quantize_state.
-    + _rows(WRAPPED, ['seed'], SEED)
-    + _rows(WRAPPED, ['block_size'], BLOCK_SIZE)
-    + _rows(WRAPPED, ['min_size'], MIN_SIZE)
+    # Storage arguments, shared by the optimizers and quantize_state (None
+    # stands for the default of the layout arguments, so that it is static
+    # under optax.inject_hyperparams).
+    + _rows(WRAPPED, ['seed'], _without(SEED, 'None'))
+    + _rows(WRAPPED, ['block_size'], _without(BLOCK_SIZE, 'None'))
+    + _rows(WRAPPED, ['min_size'], _without(MIN_SIZE, 'None'))
     + _rows(WRAPPED, ['rounding'], ROUNDING)
     # quantize_state.
     + _rows(('quantize_state',), ['inner'],
@@ -205,14 +207,16 @@ CASES: list[Case] = (
                  mapping_key={3: 'int8'}, unknown_field={'nuu': 'int8'},
                  unsigned_field={'mu': 'fp4_e2m2u'}))
     + _rows(('quantize_state',), ['tile_size'], TILE_SIZE)
-    + _rows(('quantize_state',), ['scale'], SCALE)
+    + _rows(('quantize_state',), ['scale_mode', 'scale'], SCALE)
+    + _rows(('quantize_state',), ['nonnegative_fields'],
+            {'str': 'nu', 'int': 3, 'list_of_ints': [1]})
     + _rows(('quantize_state',), ['track_stalls', 'elementwise'], BOOL)
     # quantize, dequantize and formats.
     + _rows(('quantize',), ['x'],
             {'None': None, 'str': 'abc', 'complex': jnp.ones(4, jnp.complex64),
              'object': object()})
     + _rows(('quantize',), ['fmt'], {**FORMAT, 'None': None})
-    + _rows(('quantize',), ['scale'], SCALE)
+    + _rows(('quantize',), ['scale_mode', 'scale'], SCALE)
     + _rows(('quantize',), ['block_size'], BLOCK_SIZE)
     + _rows(('quantize',), ['rounding'], ROUNDING)
     + _rows(('quantize',), ['seed', 'step', 'stream'], SEED)
@@ -247,7 +251,7 @@ CASES: list[Case] = (
     + _rows(('reset_period',), ['max_period'],
             _without(_ints(1), 'list', 'vector'))
     + _rows(('startup_window',), ['p0'], _without(UNIT, 'huge', 'vector'))
-    + _rows(('reset_state',), ['every'],
+    + _rows(('reset_state',), ['reset_every', 'every'],
             _without(_ints(1), 'None', 'vector'))
     + _rows(('reset_state',), ['decay', 's0'],
             _without(UNIT, 'huge', 'vector'))

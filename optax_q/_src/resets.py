@@ -246,9 +246,10 @@ class _Plan(NamedTuple):
     return frozenset(self.periods) | frozenset(self.counters)
 
 
-def _plan(every, *, fields, counters, groups, decay, s0, p_ss) -> _Plan:
+def _plan(every, name, *, fields, counters, groups, decay, s0, p_ss
+          ) -> _Plan:
   """Checks :func:`reset_state`'s arguments (not yet against the state)."""
-  named = _check_every(every, fields)
+  named = _check_every(every, fields, name)
   periods = {f: p for f, p in named.items() if p is not None}
   decay = _check_unit(decay, 'decay')
   s0 = _check_unit(s0, 's0')
@@ -511,8 +512,9 @@ def reset_state(
   .. seealso:: :func:`optax_q.reset_period`, :func:`optax_q.stall_fraction`
   """
   validation.check_transform(inner)
-  _, every = validation.renamed('every', every, 'reset_every', reset_every)
-  plan = _plan(every, fields=fields, counters=counters, groups=groups,
+  name, every = validation.renamed('every', every, 'reset_every',
+                                   reset_every)
+  plan = _plan(every, name, fields=fields, counters=counters, groups=groups,
                decay=decay, s0=s0, p_ss=p_ss)
   _check_plan(plan, inner, counters is not None)
   inner_ex = optax.with_extra_args_support(inner)
