@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import functools
-import math
 import re
 import types
 from typing import Any

@@ -49,7 +49,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from optax_q._src import formats as formats_lib
