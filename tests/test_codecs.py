@@ -143,7 +143,7 @@ class GridTest(parameterized.TestCase):
     if fmt.min_normal > 1e-30:  # float32 subnormals are flushed on CPU.
       x = np.concatenate([x, [fmt.min_normal, fmt.min_normal / 3]])
     x = x.astype(np.float32)
-    q = optax_q.quantize(x, name, scale='none')
+    q = optax_q.quantize(x, name, scale_mode='none')
     got = np.asarray(optax_q.dequantize(q), np.float64)
     # ml_dtypes casts saturate for the finite 'fn' grids but overflow to
     # NaN/inf otherwise; we saturate every finite input.
@@ -190,13 +190,13 @@ class CodecPropertyTest(parameterized.TestCase):
     fmt = optax_q.get_format(name)
     if scale == 'none' and fmt.kind != 'float':
       with self.assertRaisesRegex(ValueError, 'scale'):
-        optax_q.quantize(jnp.zeros(shape), name, scale=scale)
+        optax_q.quantize(jnp.zeros(shape), name, scale_mode=scale)
       return
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(shape) * magnitude).astype(np.float32)
     if not fmt.signed:
       x = np.abs(x)
-    q = optax_q.quantize(x, name, scale=scale, block_size=block,
+    q = optax_q.quantize(x, name, scale_mode=scale, block_size=block,
                          rounding=rounding, seed=seed % 1000)
     qarray_lib.check_qarray(q)
     got = np.asarray(optax_q.dequantize(q), np.float64)
@@ -246,7 +246,7 @@ class LayoutTest(parameterized.TestCase):
   @parameterized.parameters(('tensor', (1, 1, 1)), ('row', (2, 3, 1)),
                             ('block', (2, 3, 2)))
   def test_scale_keeps_rank(self, scale, scale_shape):
-    q = optax_q.quantize(jnp.ones((2, 3, 100)), 'int8', scale=scale,
+    q = optax_q.quantize(jnp.ones((2, 3, 100)), 'int8', scale_mode=scale,
                          block_size=64)
     self.assertEqual(q.codes.shape, (2, 3, 100))
     self.assertEqual(q.scale.shape, scale_shape)
@@ -274,7 +274,7 @@ class SpecialValuesTest(parameterized.TestCase):
     fmt = optax_q.get_format(name)
     scale = 'block' if fmt.kind != 'float' or fmt.scaled else 'none'
     out = optax_q.dequantize(
-        optax_q.quantize(x, name, scale=scale, block_size=128))
+        optax_q.quantize(x, name, scale_mode=scale, block_size=128))
     np.testing.assert_array_equal(out[0], 0.0)
     np.testing.assert_array_equal(out[1, :128], 0.0)
 
@@ -282,7 +282,7 @@ class SpecialValuesTest(parameterized.TestCase):
   def test_finite_inputs_never_become_nan(self, name):
     x = jnp.array([1e30, -1e30, 464.0, 465.0, 1e4, 6e4, 7e4, 1e-40])
     for scale in ('none', 'block', 'tensor'):
-      out = optax_q.dequantize(optax_q.quantize(x, name, scale=scale))
+      out = optax_q.dequantize(optax_q.quantize(x, name, scale_mode=scale))
       self.assertTrue(bool(jnp.all(jnp.isfinite(out))), (name, scale, out))
 
   def test_non_finite_scaled_block_surfaces_as_nan(self):
@@ -302,7 +302,7 @@ class SpecialValuesTest(parameterized.TestCase):
     self.assertTrue(bool(jnp.isnan(bf[0])))
     self.assertEqual(float(bf[1]), np.inf)
     self.assertEqual(float(bf[2]), -np.inf)
-    e4 = optax_q.dequantize(optax_q.quantize(x, 'fp8_e4m3', scale='none'))
+    e4 = optax_q.dequantize(optax_q.quantize(x, 'fp8_e4m3', scale_mode='none'))
     self.assertTrue(bool(jnp.all(jnp.isnan(e4[:3]))))
     self.assertEqual(float(e4[3]), 1.0)
 
@@ -318,11 +318,11 @@ class StochasticRoundingTest(parameterized.TestCase):
     x = jnp.full((n // 100, 100), target).at[:, 0].set(1.0)
     fmt = optax_q.get_format(name)
     scale = 'none' if fmt.kind == 'float' and not fmt.scaled else 'block'
-    q = optax_q.quantize(x, name, scale=scale, block_size=100,
+    q = optax_q.quantize(x, name, scale_mode=scale, block_size=100,
                          rounding='stochastic', seed=3)
     vals = np.asarray(optax_q.dequantize(q), np.float64)[:, 1:]
     near = np.asarray(optax_q.dequantize(
-        optax_q.quantize(x, name, scale=scale, block_size=100)))[:, 1:]
+        optax_q.quantize(x, name, scale_mode=scale, block_size=100)))[:, 1:]
     self.assertGreater(np.abs(near - target).max(), 1e-4)  # Not on the grid.
     self.assertLen(np.unique(vals), 2)
     gap = np.ptp(np.unique(vals))

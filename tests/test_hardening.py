@@ -106,7 +106,7 @@ class HugeFiniteGradientTest(parameterized.TestCase):
     x_inf[0, 3] = np.inf
     if fmt_obj.signed:
       x_inf[1, 7] = -np.inf
-    q = optax_q.quantize(jnp.asarray(x_inf), fmt, scale=scale)
+    q = optax_q.quantize(jnp.asarray(x_inf), fmt, scale_mode=scale)
     self.assertTrue(np.all(np.isfinite(np.asarray(q.scale))))
     out = np.asarray(optax_q.dequantize(q))
     self.assertEqual(out[0, 3], np.inf)
@@ -207,7 +207,7 @@ class FiniteInFiniteOutTest(parameterized.TestCase):
       sign=(1.0, -1.0))
   def test_float32_max(self, fmt, scale, sign):
     x = jnp.full((3, 130), sign * F32_MAX).at[1, 5].set(0.5)
-    q = optax_q.quantize(x, fmt, scale=scale)
+    q = optax_q.quantize(x, fmt, scale_mode=scale)
     out = np.asarray(optax_q.dequantize(q))
     self.assertTrue(np.all(np.isfinite(out)), (fmt, scale, out[0, :3]))
     self.assertTrue(np.all(np.isfinite(np.asarray(q.scale))))

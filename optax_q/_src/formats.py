@@ -373,7 +373,8 @@ def check_format(fmt: Any, name: str) -> Format:
     return fmt
   if not isinstance(fmt, str):
     raise ValueError(
-        f'{name}={validation.short(fmt)}: a format must be a string or optax_q.Format. '
+        f'{name}={validation.short(fmt)}: a format must be a string or '
+        'optax_q.Format. '
         f'Allowed: {_allowed()}. (Under '
         'optax.inject_hyperparams, list format arguments in static_args.)')
   key = fmt.strip().lower()

@@ -76,7 +76,7 @@ def is_int(value: Any) -> bool:
 
 
 def check_transform(inner: Any, name: str = 'inner') -> Any:
-  """An Optax gradient transformation (anything with ``init`` and ``update``)."""
+  """An Optax gradient transformation (with ``init`` and ``update``)."""
   if not (callable(getattr(inner, 'init', None))
           and callable(getattr(inner, 'update', None))):
     raise ValueError(
@@ -277,7 +277,7 @@ def check_known(name: str, names, known: set[str] | None, kind: str) -> None:
 
 
 def check_period(value: Any, name: str, allowed: tuple[str, ...]) -> Any:
-  """``None``, one of the strings ``allowed`` or an int in ``[1, 2**31 - 1]``."""
+  """None, one of the strings ``allowed`` or an int in ``[1, 2**31 - 1]``."""
   value = scalar(value)
   if value is None or (isinstance(value, str) and value in allowed):
     return value
