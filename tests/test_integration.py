@@ -165,17 +165,26 @@ class InjectHyperparamsTest(absltest.TestCase):
         self.assertGreaterEqual(np.mean(close), 0.999, k)
 
   def test_traced_block_size_names_static_args(self):
+    # Left out, block_size is None (static); given, it is injected.
     tx = optax.inject_hyperparams(
-        optax_q.adamw, static_args=('seed', 'min_size'))(learning_rate=1e-3)
-    with self.assertRaisesRegex(ValueError, 'static_args'):
+        optax_q.adamw, static_args=('min_size',))(learning_rate=1e-3,
+                                                  block_size=64)
+    with self.assertRaisesRegex(ValueError, 'block_size.*static_args'):
       jax.jit(tx.init)(_params())
 
-  def test_traced_seed_names_static_args(self):
+  def test_injected_seed_is_hashed_as_it_is(self):
+    # A seed sets no shape: injected (traced) it gives the same codes.
+    params = _params()
+    grads = [_grads(i, params) for i in range(2)]
     tx = optax.inject_hyperparams(
-        optax_q.quantize_state, static_args=('block_size', 'min_size'))(
-            optax.scale_by_adam(), 'int8', seed=3)
-    with self.assertRaisesRegex(ValueError, 'seed.*static_args'):
-      jax.jit(tx.init)(_params())
+        optax_q.quantize_state, static_args=('min_size', 'tile_size'))(
+            optax.scale_by_adam(), 'int8', seed=3, min_size=0)
+    _, state, _ = _run(tx, params, grads)
+    _, want, _ = _run(optax_q.quantize_state(
+        optax.scale_by_adam(), 'int8', seed=3, min_size=0), params, grads)
+    for a, b in zip(jax.tree.leaves(state.inner_state),
+                    jax.tree.leaves(want)):
+      np.testing.assert_array_equal(a, b)
 
 
 class MultiStepsTest(absltest.TestCase):
