@@ -27,11 +27,12 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
 import optax_q
+
+import helpers
 
 STEPS = 4
 SAVE_AT = 2
@@ -43,31 +44,6 @@ def _params():
       'w': jax.random.normal(k1, (16, 256)) * 0.1,
       'b': jax.random.normal(k2, (256,)) * 0.1,  # Small: stays float32.
   }
-
-
-def _grads(step, params):
-  key = jax.random.fold_in(jax.random.key(1), step)
-  return {name: jax.random.normal(jax.random.fold_in(key, i), p.shape)
-          for i, (name, p) in enumerate(sorted(params.items()))}
-
-
-def _assert_trees_equal(a, b):
-  la, ta = jax.tree.flatten(a)
-  lb, tb = jax.tree.flatten(b)
-  assert ta == tb, (ta, tb)
-  for x, y in zip(la, lb, strict=True):
-    assert x.dtype == y.dtype, (x.dtype, y.dtype)
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-def _save(path, tree):
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(path, tree)
-
-
-def _restore(path, abstract):
-  with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(path, abstract)
 
 
 class CheckpointTest(parameterized.TestCase):
@@ -90,7 +66,7 @@ class CheckpointTest(parameterized.TestCase):
 
     def train(params, state, start, stop):
       for i in range(start, stop):
-        params, state = step(params, state, _grads(i, params))
+        params, state = step(params, state, helpers.grads(i, params))
       return params, state
 
     init = jax.jit(tx.init)
@@ -102,16 +78,17 @@ class CheckpointTest(parameterized.TestCase):
         lambda p: {'params': p, 'opt_state': tx.init(p)}, params)
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, f'step_{SAVE_AT}')
-      _save(path, {'params': p, 'opt_state': s})
-      restored = _restore(path, abstract)
+      helpers.save(path, {'params': p, 'opt_state': s})
+      restored = helpers.restore(path, abstract)
     # Codes (uint8 nibble pairs, float8, ...), scales and counters come back
     # exactly, with their dtypes, into the layout of the abstract state.
-    _assert_trees_equal(restored, {'params': p, 'opt_state': s})
+    helpers.assert_trees_equal(restored, {'params': p, 'opt_state': s},
+                               dtypes=True)
     q = restored['opt_state'][0].inner_state.mu['w']
     self.assertTrue(optax_q.is_qarray(q))
     self.assertEqual(q.fmt, optax_q.get_format(mu))
     got = train(restored['params'], restored['opt_state'], SAVE_AT, STEPS)
-    _assert_trees_equal(got, want)
+    helpers.assert_trees_equal(got, want, dtypes=True)
     self.assertEqual(int(got[1][0].count), STEPS)
 
   def test_checkpoint_manager_and_state_bytes(self):
@@ -119,7 +96,7 @@ class CheckpointTest(parameterized.TestCase):
                        min_size=1024)
     params = _params()
     state = jax.jit(tx.init)(params)
-    _, state = jax.jit(tx.update)(_grads(0, params), state, params)
+    _, state = jax.jit(tx.update)(helpers.grads(0, params), state, params)
     with tempfile.TemporaryDirectory() as tmp:
       with ocp.CheckpointManager(
           tmp, options=ocp.CheckpointManagerOptions(max_to_keep=1)) as mngr:
@@ -129,7 +106,7 @@ class CheckpointTest(parameterized.TestCase):
         restored = mngr.restore(
             1, args=ocp.args.StandardRestore(
                 jax.eval_shape(tx.init, params)))
-    _assert_trees_equal(restored, state)
+    helpers.assert_trees_equal(restored, state, dtypes=True)
     # 4-bit codes stay packed: half a byte per element, plus the scales.
     self.assertEqual(optax_q.state_nbytes(restored),
                      optax_q.state_nbytes(state))
@@ -157,16 +134,17 @@ class CheckpointTest(parameterized.TestCase):
       train_step(model, opt)
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, 'nnx')
-      _save(path, nnx.state((model, opt)))
+      helpers.save(path, nnx.state((model, opt)))
       model2, opt2 = make()
       abstract = jax.tree.map(
           lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
           nnx.state((model2, opt2)))
-      nnx.update((model2, opt2), _restore(path, abstract))
+      nnx.update((model2, opt2), helpers.restore(path, abstract))
     for _ in range(STEPS - SAVE_AT):
       train_step(model, opt)
       train_step(model2, opt2)
-    _assert_trees_equal(nnx.state((model2, opt2)), nnx.state((model, opt)))
+    helpers.assert_trees_equal(nnx.state((model2, opt2)),
+                               nnx.state((model, opt)), dtypes=True)
     q = opt2.opt_state[0].inner_state.nu['kernel']
     self.assertTrue(optax_q.is_qarray(q))
     self.assertEqual(q.codes.get_value().shape, (8, 128))

@@ -31,6 +31,7 @@ in a fresh interpreter (as ``test_sharding.py`` does).
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import multidevice  # Before jax: asks for 8 CPU devices.
+import helpers  # noqa: E402
 import functools  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
@@ -101,20 +102,12 @@ def _param_shardings(mesh, mesh_name):
           for name, (_, spec) in LAYOUTS[mesh_name].items()}
 
 
-def _bits(x):
-  """The bit pattern of an array (NaNs and signed zeros compare exactly)."""
-  x = np.asarray(x)
-  if x.dtype.kind in 'fV' or x.dtype.itemsize == 1:
-    return x.view(f'u{x.dtype.itemsize}')
-  return x
-
-
 def _assert_bits_equal(test, got, want):
   flat_got, def_got = jax.tree_util.tree_flatten_with_path(got)
   flat_want, def_want = jax.tree_util.tree_flatten_with_path(want)
   test.assertEqual(def_got, def_want)
   for (path, a), (_, b) in zip(flat_got, flat_want, strict=True):
-    np.testing.assert_array_equal(_bits(a), _bits(b),
+    np.testing.assert_array_equal(helpers.bits(a), helpers.bits(b),
                                   err_msg=jax.tree_util.keystr(path))
 
 
@@ -135,7 +128,7 @@ def _assert_types_follow(test, tree, shardings):
 def _codec(fmt, scale, rounding):
   def run(tree):
     qs = jax.tree.map(
-        lambda x: optax_q.quantize(x, fmt, scale=scale, rounding=rounding,
+        lambda x: optax_q.quantize(x, fmt, scale_mode=scale, rounding=rounding,
                                    seed=3, step=1), tree)
     return qs, jax.tree.map(optax_q.dequantize, qs,
                             is_leaf=optax_q.is_qarray)

@@ -32,6 +32,8 @@ from models import mlp
 from models import sharding
 from models import train
 
+import helpers
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -84,13 +86,6 @@ _TINY_GPT = gpt.GPT(d_model=32, num_layers=1, num_heads=2, max_len=32)
 
 def _tiny_gpt():
   return _TINY_GPT
-
-
-def _assert_trees_equal(a, b):
-  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(la, lb):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 class TrainTest(absltest.TestCase):
@@ -167,8 +162,8 @@ class TrainTest(absltest.TestCase):
                             ckpt_dir=tmp, resume=True, progress=False)
     self.assertEqual(resumed.start_step, 3)
     self.assertEqual(resumed.final_step, 6)
-    _assert_trees_equal(straight.params, resumed.params)
-    _assert_trees_equal(straight.opt_state, resumed.opt_state)
+    helpers.assert_trees_equal(straight.params, resumed.params)
+    helpers.assert_trees_equal(straight.opt_state, resumed.opt_state)
     np.testing.assert_array_equal(straight.losses, resumed.losses)
 
   def test_custom_state_rng_aux_and_iterable_resume(self):
@@ -203,8 +198,8 @@ class TrainTest(absltest.TestCase):
       resumed = train.train(model, params, tx, batch_list(), steps=6,
                             loss_fn=loss_fn, ckpt_dir=tmp, resume=True,
                             progress=False, seed=4)
-    _assert_trees_equal(straight.params, resumed.params)
-    _assert_trees_equal(straight.opt_state, resumed.opt_state)
+    helpers.assert_trees_equal(straight.params, resumed.params)
+    helpers.assert_trees_equal(straight.opt_state, resumed.opt_state)
     self.assertEqual(straight.train_metrics, resumed.train_metrics)
 
   def test_resume_past_end_returns_checkpoint(self):
@@ -221,7 +216,7 @@ class TrainTest(absltest.TestCase):
                       resume=True, progress=False)
     self.assertEqual(b.start_step, 2)
     self.assertEqual((b.unit, b.items_per_step), (a.unit, a.items_per_step))
-    _assert_trees_equal(a.params, b.params)
+    helpers.assert_trees_equal(a.params, b.params)
     np.testing.assert_array_equal(a.losses, b.losses)
 
 

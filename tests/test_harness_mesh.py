@@ -16,15 +16,11 @@
 XLA reads ``--xla_force_host_platform_device_count`` when the CPU backend is
 first created, so the flag is set here, before jax is imported. pytest runs
 all modules in one process: if another module initialised the backend first
-(with fewer devices), these tests skip. Run this module alone to be sure they
-run: ``python -m pytest tests/test_harness_mesh.py``.
+(with fewer devices), these tests skip there, and ``SubprocessTest`` runs
+them in a fresh process with 8 devices.
 """
 
-import os
-
-_FLAG = '--xla_force_host_platform_device_count=8'
-if _FLAG not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = os.environ.get('XLA_FLAGS', '') + ' ' + _FLAG
+import multidevice  # Before jax: asks for 8 CPU devices.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses  # noqa: E402
@@ -46,13 +42,6 @@ from models import sharding  # noqa: E402
 from models import train  # noqa: E402
 
 STEPS = 4
-
-
-def _skip_unless_8_devices(test):
-  if jax.device_count() < 8:
-    test.skipTest(
-        f'jax was initialised with {jax.device_count()} device(s) before '
-        'this module set XLA_FLAGS; run this module on its own')
 
 
 @jax.tree_util.register_dataclass
@@ -100,7 +89,7 @@ class MeshTrainTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    _skip_unless_8_devices(self)
+    multidevice.skip_unless_8_devices(self)
 
   def reference(self):
     if MeshTrainTest._reference is None:
@@ -172,7 +161,7 @@ class StateShardingTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    _skip_unless_8_devices(self)
+    multidevice.skip_unless_8_devices(self)
 
   def test_custom_containers_follow_params(self):
     mesh = sharding.make_mesh(2, 4)
@@ -192,6 +181,13 @@ class StateShardingTest(absltest.TestCase):
       # The harness places the state with them.
       state = jax.jit(tx.init, out_shardings=shardings)(params)
       self.assertEqual(state.mu['w'].codes.sharding, spec)
+
+
+class SubprocessTest(absltest.TestCase):
+
+  def test_mesh_tests_on_8_devices(self):
+    multidevice.run_in_8_device_process(
+        self, __file__, 'MeshTrainTest or StateShardingTest')
 
 
 if __name__ == '__main__':

@@ -28,6 +28,8 @@ import numpy as np
 import optax
 
 import optax_q
+
+import helpers
 from optax_q._src import transform
 
 # Structural arguments of the drop-in optimizers: they decide the state
@@ -50,30 +52,6 @@ def _grads(step, params):
                           len(leaves))
   return treedef.unflatten(
       [jax.random.normal(k, p.shape, p.dtype) for k, p in zip(keys, leaves)])
-
-
-def _run(tx, params, grads_list):
-  """Jitted init and update over ``grads_list``; (params, state, updates)."""
-  state = jax.jit(tx.init)(params)
-
-  @jax.jit
-  def step(params, state, grads):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state, updates
-
-  all_updates = []
-  for grads in grads_list:
-    params, state, updates = step(params, state, grads)
-    all_updates.append(updates)
-  return params, state, all_updates
-
-
-def _assert_trees_equal(a, b):
-  la, ta = jax.tree.flatten(a)
-  lb, tb = jax.tree.flatten(b)
-  assert ta == tb, (ta, tb)
-  for x, y in zip(la, lb, strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def _assert_states_close(a, b):
@@ -141,7 +119,7 @@ class InjectHyperparamsTest(absltest.TestCase):
         block_size=64, min_size=0)
     params = _params()
     grads = [_grads(i, params) for i in range(4)]
-    _, state, updates = _run(tx, params, grads)
+    _, state, updates = helpers.run(tx, params, grads)
     self.assertEqual(set(state.hyperparams),
                      {'learning_rate', 'b1', 'b2', 'eps', 'eps_root',
                       'weight_decay'})
@@ -156,7 +134,7 @@ class InjectHyperparamsTest(absltest.TestCase):
     # b2 are traced float32 arrays, not Python floats, so the moments may
     # differ in their last bit and a stored code may round the other way at
     # a rounding boundary: a few elements may differ by one code step.
-    _, _, want = _run(
+    _, _, want = helpers.run(
         optax_q.adamw(schedule, mu_format='int8', nu_format='int8_dynamic',
                       block_size=64, min_size=0), params, grads)
     for got_u, want_u in zip(updates, want):
@@ -179,8 +157,8 @@ class InjectHyperparamsTest(absltest.TestCase):
     tx = optax.inject_hyperparams(
         optax_q.quantize_state, static_args=('min_size', 'tile_size'))(
             optax.scale_by_adam(), 'int8', seed=3, min_size=0)
-    _, state, _ = _run(tx, params, grads)
-    _, want, _ = _run(optax_q.quantize_state(
+    _, state, _ = helpers.run(tx, params, grads)
+    _, want, _ = helpers.run(optax_q.quantize_state(
         optax.scale_by_adam(), 'int8', seed=3, min_size=0), params, grads)
     for a, b in zip(jax.tree.leaves(state.inner_state),
                     jax.tree.leaves(want)):
@@ -196,11 +174,11 @@ class MultiStepsTest(absltest.TestCase):
     params = {'w': _params()['w']}
     g = [_grads(i, params) for i in range(2)]
     # Each gradient twice: the accumulated mean equals it exactly.
-    _, state, updates = _run(tx, params, [g[0], g[0], g[1], g[1]])
+    _, state, updates = helpers.run(tx, params, [g[0], g[0], g[1], g[1]])
     for k in params:
       np.testing.assert_array_equal(updates[0][k], 0.0)
       np.testing.assert_array_equal(updates[2][k], 0.0)
-    _, want_state, want = _run(inner, params, g)
+    _, want_state, want = helpers.run(inner, params, g)
     for k in params:
       np.testing.assert_array_equal(updates[1][k], want[0][k])
       # Compiled under MultiSteps' lax.cond, float32 results may differ in
@@ -220,13 +198,13 @@ class MaskedPartitionTest(absltest.TestCase):
         {'w': True, 'b': False})
     params = _params()
     grads = [_grads(i, params) for i in range(2)]
-    _, state, updates = _run(tx, params, grads)
+    _, state, updates = helpers.run(tx, params, grads)
     inner = state.inner_state.inner_state
     self.assertTrue(optax_q.is_qarray(inner.mu['w']))
     self.assertTrue(optax_q.is_qarray(inner.nu['w']))
     self.assertIsInstance(inner.mu['b'], optax.MaskedNode)
     np.testing.assert_array_equal(updates[-1]['b'], grads[-1]['b'])
-    _, _, want = _run(
+    _, _, want = helpers.run(
         optax_q.quantize_state(optax.scale_by_adam(), formats='int8',
                                min_size=0), {'w': params['w']},
         [{'w': g['w']} for g in grads])
@@ -238,13 +216,13 @@ class MaskedPartitionTest(absltest.TestCase):
         {'w': 'q', 'b': 'f'})
     params = _params()
     grads = [_grads(i, params) for i in range(3)]
-    _, state, updates = _run(tx, params, grads)
+    _, state, updates = helpers.run(tx, params, grads)
     self.assertEqual(
         set(_qleaves(state)),
         {'inner_states/q/inner_state/0/inner_state/mu/w',
          'inner_states/q/inner_state/0/inner_state/nu/w'})
     # The float32 part is exactly optax.adamw on its own.
-    _, want_state, want = _run(
+    _, want_state, want = helpers.run(
         optax.adamw(1e-2), {'b': params['b']}, [{'b': g['b']} for g in grads])
     np.testing.assert_array_equal(updates[-1]['b'], want[-1]['b'])
     f_state = state.inner_states['f'].inner_state
@@ -268,7 +246,7 @@ class ApplyIfFiniteTest(absltest.TestCase):
     updates, new_state = update(bad, state, params)
     for k in params:
       np.testing.assert_array_equal(updates[k], 0.0)
-    _assert_trees_equal(new_state.inner_state, state.inner_state)
+    helpers.assert_trees_equal(new_state.inner_state, state.inner_state)
     self.assertEqual(int(new_state.notfinite_count), 1)
     self.assertLen(_qleaves(new_state), 4)
     # The next finite step goes on from the untouched state.
@@ -287,8 +265,8 @@ class WrappedOptimizersTest(parameterized.TestCase):
     params = _params()
     grads = [_grads(i, params) for i in range(3)]
     tx = optax_q.quantize_state(make(), formats=formats, min_size=0)
-    _, state, updates = _run(tx, params, grads)
-    _, want_state, want = _run(make(), params, grads)
+    _, state, updates = helpers.run(tx, params, grads)
+    _, want_state, want = helpers.run(make(), params, grads)
     mus = {k: v for k, v in _qleaves(state).items() if '/mu/' in k}
     self.assertLen(mus, 2)
     # The first step starts from zero moments, which every format holds
@@ -410,8 +388,8 @@ class FlaxTest(absltest.TestCase):
 
     for _ in range(5):
       p, s = step(p, s)
-    _assert_trees_equal(ts.params, p)
-    _assert_trees_equal(ts.opt_state, s)
+    helpers.assert_trees_equal(ts.params, p)
+    helpers.assert_trees_equal(ts.opt_state, s)
 
 
   def test_linen_logical_partitioning(self):
@@ -473,7 +451,7 @@ class JaxApisTest(parameterized.TestCase):
     # A no-op map gives back the state itself.
     same = optax.tree_utils.tree_map_params(
         tx, lambda x: x, state, is_leaf=optax_q.is_qarray)
-    _assert_trees_equal(same, state)
+    helpers.assert_trees_equal(same, state)
 
   def test_eval_shape_init(self):
     tx = optax_q.adamw(1e-3, mu_format='int4', nu_format='fp8_e4m3',

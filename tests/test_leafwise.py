@@ -31,6 +31,8 @@ import numpy as np
 import optax
 
 import optax_q
+
+import helpers
 from optax_q._src import leafwise
 from optax_q._src import rounding as rounding_lib
 
@@ -45,29 +47,15 @@ def _params():
   }
 
 
-def _grads(step, params):
-  key = jax.random.fold_in(jax.random.key(1), step)
-  return {k: jax.random.normal(jax.random.fold_in(key, i), p.shape)
-          for i, (k, p) in enumerate(sorted(params.items()))}
-
-
 def _run(tx, params, steps=3):
   state = tx.init(params)
   update = jax.jit(tx.update)
   outs = []
   for i in range(steps):
-    u, state = update(_grads(i, params), state, params)
+    u, state = update(helpers.grads(i, params), state, params)
     params = optax.apply_updates(params, u)
     outs.append(u)
   return params, state, outs
-
-
-def _assert_same_bits(a, b):
-  la, ta = jax.tree.flatten(a)
-  lb, tb = jax.tree.flatten(b)
-  assert ta == tb, (ta, tb)
-  for x, y in zip(la, lb, strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def _pair(inner_fn, formats, rounding, **kwargs):
@@ -112,7 +100,7 @@ class TilingTest(parameterized.TestCase):
     pt, st, ut = _run(tiled, params)
     pu, su, uu = _run(untiled, params)
     # Tiled and untiled: the same bits everywhere.
-    _assert_same_bits((uu, pu, su), (ut, pt, st))
+    helpers.assert_trees_equal((uu, pu, su), (ut, pt, st))
     # The generic whole-tree path: updates to float32 rounding...
     for a, b in zip(jax.tree.leaves(uw), jax.tree.leaves(ut)):
       np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
@@ -202,7 +190,7 @@ class PerFieldRoundingTest(absltest.TestCase):
       tx = optax_q.quantize_state(optax.scale_by_adam(), 'int8',
                                   rounding=rounding, min_size=0)
       state = tx.init(params)
-      _, state = tx.update(_grads(0, params), state, params)
+      _, state = tx.update(helpers.grads(0, params), state, params)
       runs[name] = state.inner_state
     np.testing.assert_array_equal(runs['mix'].mu['big'].codes,
                                   runs['rn'].mu['big'].codes)

@@ -31,6 +31,8 @@ import optax
 import pytest
 
 import optax_q
+
+import helpers
 from optax_q._src import resets
 from optax_q._src import theory
 
@@ -44,33 +46,16 @@ def _params():
   }
 
 
-def _grads(step, params):
-  keys = jax.random.split(jax.random.fold_in(jax.random.key(1), step), 3)
-  leaves, treedef = jax.tree.flatten(params)
-  return treedef.unflatten(
-      [jax.random.normal(k, p.shape) * (1 + step % 3)
-       for k, p in zip(keys, leaves)])
-
-
 def _stepper(tx):
-  @jax.jit
-  def step(params, state, grads):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
-  return step
+  return jax.jit(helpers.step_fn(tx))
 
 
 def _run(tx, params, steps, state=None, start=0, step=None):
   state = tx.init(params) if state is None else state
   step = step or _stepper(tx)
   for s in range(start, start + steps):
-    params, state = step(params, state, _grads(s, params))
+    params, state = step(params, state, helpers.grads_cycled(s, params))
   return params, state
-
-
-def _assert_trees_equal(a, b):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def _adamw(**kw):
@@ -87,7 +72,7 @@ class NoResetParityTest(parameterized.TestCase):
           optax.scale(-1e-2)), _params(), 4)
       want, _ = _run(optax.chain(optax.scale_by_adam(nesterov=nesterov),
                                  optax.scale(-1e-2)), _params(), 4)
-      _assert_trees_equal(got, want)
+      helpers.assert_trees_equal(got, want)
 
   @parameterized.parameters(
       ('fp8_e4m3', 'fp8_e4m3', 'nearest', 10**9),
@@ -98,7 +83,7 @@ class NoResetParityTest(parameterized.TestCase):
     kw = dict(mu_format=mu, nu_format=nu, rounding=rounding)
     want, _ = _run(_adamw(**kw), _params(), 4)
     got, state = _run(_adamw(reset_every=reset_every, **kw), _params(), 4)
-    _assert_trees_equal(got, want)
+    helpers.assert_trees_equal(got, want)
     self.assertIsInstance(state[0], optax_q.ResetState)
 
 
@@ -119,7 +104,7 @@ class PeriodicResetTest(parameterized.TestCase):
     for x in jax.tree.leaves((inner.mu, inner.nu)):
       np.testing.assert_array_equal(x, 0.0)
     # Step k + 1 is Adam's first step on that gradient.
-    g = _grads(k, p)
+    g = helpers.grads_cycled(k, p)
     updates, state = jax.jit(tx.update)(g, state, p)
     fresh = optax.adamw(1e-2, weight_decay=0.1)
     want, _ = jax.jit(fresh.update)(g, fresh.init(p), p)
@@ -133,7 +118,7 @@ class PeriodicResetTest(parameterized.TestCase):
     _, ref = _run(_adamw(**kw), params, k)
     _, state = _run(_adamw(reset_every={'nu': k}, **kw), params, k)
     inner = state[0].inner_state.inner_state
-    _assert_trees_equal(inner.mu, ref[0].inner_state.mu)
+    helpers.assert_trees_equal(inner.mu, ref[0].inner_state.mu)
     self.assertEqual(int(inner.count_mu), k)
     self.assertEqual(int(inner.count_nu), 0)
     for x in jax.tree.leaves(inner.nu):
@@ -194,8 +179,8 @@ class PeriodicResetTest(parameterized.TestCase):
     saved = [np.array(x) for x in leaves]
     p, s = jax.tree.unflatten(treedef, [jnp.asarray(x) for x in saved])
     got_p, got_s = _run(tx, p, 4, state=s, start=4, step=step)
-    _assert_trees_equal(got_p, want_p)
-    _assert_trees_equal(got_s, want_s)
+    helpers.assert_trees_equal(got_p, want_p)
+    helpers.assert_trees_equal(got_s, want_s)
 
   def test_multisteps_counts_applied_steps(self):
     inner = _adamw(mu_format='fp32', nu_format='fp32', reset_every=2)
@@ -216,7 +201,7 @@ class CompositionTest(parameterized.TestCase):
                           labels)
     _, state = _run(tx, params, 4)
     _, ref_state = _run(ref, params, 4)
-    _assert_trees_equal(state.inner_states['plain'],
+    helpers.assert_trees_equal(state.inner_states['plain'],
                         ref_state.inner_states['plain'])
     qleaves = optax_q.quantized_leaves(state.inner_states['q'])
     self.assertNotEmpty(qleaves)
@@ -267,8 +252,8 @@ class CompositionTest(parameterized.TestCase):
     mu = optax_q.quantized_leaves(out[0].inner_state.mu)
     for x in nu.values():
       np.testing.assert_array_equal(optax_q.dequantize(x), 0.0)
-    _assert_trees_equal(mu, optax_q.quantized_leaves(state[0].inner_state.mu))
-    _assert_trees_equal(out[0].stalled, state[0].stalled)
+    helpers.assert_trees_equal(mu, optax_q.quantized_leaves(state[0].inner_state.mu))
+    helpers.assert_trees_equal(out[0].stalled, state[0].stalled)
 
 
 class AdaptiveResetTest(parameterized.TestCase):

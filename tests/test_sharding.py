@@ -23,6 +23,7 @@ so they always run somewhere.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import multidevice  # Before jax: asks for 8 CPU devices.
+import helpers  # noqa: E402
 import dataclasses  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
@@ -60,27 +61,6 @@ def _params(layout):
           for i, (name, (shape, _)) in enumerate(sorted(layout.items()))}
 
 
-def _grads(step, params):
-  key = jax.random.fold_in(jax.random.key(1), step)
-  return {name: jax.random.normal(jax.random.fold_in(key, i), p.shape)
-          for i, (name, p) in enumerate(sorted(params.items()))}
-
-
-def _step_fn(tx):
-  def step(params, state, grads):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
-  return step
-
-
-def _assert_trees_equal(a, b):
-  la, ta = jax.tree.flatten(a)
-  lb, tb = jax.tree.flatten(b)
-  assert ta == tb, (ta, tb)
-  for x, y in zip(la, lb, strict=True):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
 def _run_both(tx, layout, *, steps=2, strict=True):
   """Sharded and unsharded runs: (sharded, unsharded, shardings, hlo)."""
   mesh = _mesh()
@@ -94,10 +74,10 @@ def _run_both(tx, layout, *, steps=2, strict=True):
                  out_shardings=shardings)
   sharded_params = jax.device_put(params, param_shardings)
   state = init(sharded_params)
-  grads = [jax.device_put(_grads(i, params), param_shardings)
+  grads = [jax.device_put(helpers.grads(i, params), param_shardings)
            for i in range(steps)]
   step = jax.jit(
-      _step_fn(tx),
+      helpers.step_fn(tx),
       in_shardings=(param_shardings, shardings, param_shardings),
       out_shardings=(param_shardings, shardings)).lower(
           sharded_params, state, grads[0]).compile()
@@ -107,9 +87,9 @@ def _run_both(tx, layout, *, steps=2, strict=True):
   sharded = (p, state)
 
   p, state = params, jax.jit(tx.init)(params)
-  plain_step = jax.jit(_step_fn(tx))
+  plain_step = jax.jit(helpers.step_fn(tx))
   for i in range(steps):
-    p, state = plain_step(p, state, _grads(i, params))
+    p, state = plain_step(p, state, helpers.grads(i, params))
   return sharded, (p, state), shardings, step.as_text()
 
 
@@ -129,7 +109,7 @@ class ShardedUpdateTest(parameterized.TestCase):
     sharded, plain, shardings, hlo = _run_both(tx, PARAMS)
     # Bit for bit: the stochastic-rounding bits are a hash of the global
     # element index, whatever the mesh.
-    _assert_trees_equal(sharded, plain)
+    helpers.assert_trees_equal(sharded, plain)
     # Block-wise formats whose blocks lie inside a shard: no all-gather.
     # (One all-reduce per leaf remains, for the stalled-fraction scalar.)
     self.assertNotIn('all-gather', hlo)
@@ -191,7 +171,7 @@ class ShardedUpdateTest(parameterized.TestCase):
       optax_q.state_shardings(abstract, param_shardings, strict=True)
     # By default that axis of the scales is replicated, and it still works.
     sharded, plain, shardings, _ = _run_both(tx, layout, strict=False)
-    _assert_trees_equal(sharded, plain)
+    helpers.assert_trees_equal(sharded, plain)
     q = shardings[0].inner_state.mu['odd']
     self.assertEqual(q.codes.spec, P('data', 'model'))
     self.assertEqual(q.scale.spec, P('data', None))
@@ -217,8 +197,8 @@ class ExplicitMeshTest(parameterized.TestCase):
     params = _params(layout)
     tx = optax_q.adamw(1e-2, mu_format=mu, nu_format=nu,
                        rounding='stochastic', block_size=32, min_size=0)
-    step = jax.jit(_step_fn(tx))
-    grads = _grads(0, params)
+    step = jax.jit(helpers.step_fn(tx))
+    grads = helpers.grads(0, params)
     p, s = params, jax.jit(tx.init)(params)
     want = step(p, s, grads)
     with jax.set_mesh(mesh):
@@ -233,7 +213,7 @@ class ExplicitMeshTest(parameterized.TestCase):
     self.assertEqual(jax.typeof(q.codes).sharding.spec, P('data', 'model'))
     self.assertEqual(jax.typeof(q.scale).sharding.spec, P('data', 'model'))
     self.assertEqual(q.codes.shape, (128, 192 if q.fmt.packed else 384))
-    _assert_trees_equal(got, want)
+    helpers.assert_trees_equal(got, want)
 
 
   def test_nnx_optimizer_sharding_metadata(self):

@@ -28,6 +28,8 @@ import optax
 
 import optax_q
 
+import helpers
+
 
 def _params():
   k1, k2 = jax.random.split(jax.random.key(0))
@@ -38,24 +40,11 @@ def _params():
   }
 
 
-def _grads(step, params):
-  keys = jax.random.split(jax.random.fold_in(jax.random.key(1), step), 3)
-  leaves, treedef = jax.tree.flatten(params)
-  return treedef.unflatten(
-      [jax.random.normal(k, p.shape) * (1 + step % 3)
-       for k, p in zip(keys, leaves)])
-
-
 def _run(tx, params, steps=5):
   state = tx.init(params)
-
-  @jax.jit
-  def step(params, state, grads):
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
-
+  step = jax.jit(helpers.step_fn(tx))
   for s in range(steps):
-    params, state = step(params, state, _grads(s, params))
+    params, state = step(params, state, helpers.grads_cycled(s, params))
   return params, state
 
 
@@ -214,7 +203,7 @@ class QuantizeStateTest(parameterized.TestCase):
                        min_size=0)
     params = _params()
     s0 = tx.init(params)
-    _, s1 = jax.jit(tx.update)(_grads(0, params), s0, params)
+    _, s1 = jax.jit(tx.update)(helpers.grads_cycled(0, params), s0, params)
     self.assertEqual(jax.tree.map(lambda x: (x.shape, x.dtype), s0),
                      jax.tree.map(lambda x: (x.shape, x.dtype), s1))
 
