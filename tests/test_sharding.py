@@ -259,7 +259,7 @@ class StateShardingsTest(absltest.TestCase):
     tx = optax.chain(
         optax.masked(
             optax_q.quantize_state(optax.scale_by_adam(), 'int8',
-                                   scale='row', min_size=0),
+                                   scale_mode='row', min_size=0),
             {'w': True, 'b': False}),
         optax.add_decayed_weights(0.1))
     abstract = jax.eval_shape(tx.init, params)
