@@ -1,0 +1,272 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""One matrix every optimizer and wrapper of the library goes through.
+
+As Optax's ``contrib/_common_test.py``: each case below is checked for parity
+with Optax at fp32, dtype preservation, ``optax.MultiSteps``,
+``optax.inject_hyperparams`` without ``static_args``, state stability under
+``lax.cond``, abstract init, sharding on 8 simulated devices and an Orbax
+round trip. A new optimizer or wrapper is added to ``CASES``.
+"""
+
+import multidevice  # Before jax: asks for 8 CPU devices.
+import helpers  # noqa: E402
+
+import dataclasses  # noqa: E402
+import tempfile  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+import warnings  # noqa: E402
+
+from absl.testing import absltest  # noqa: E402
+from absl.testing import parameterized  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+import optax  # noqa: E402
+import optax_q  # noqa: E402
+
+LR = 1e-2
+# 'w' (4096 elements) is quantized, 'b' (128) stays as the inner transform
+# made it.
+MIN_SIZE = 1024
+STEPS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One optimizer or wrapper of the library.
+
+  Attributes:
+    name: The case's name.
+    make: ``make(fp32: bool)``: the transform, with every state format
+      ``'fp32'`` or with its quantized defaults.
+    reference: The Optax transform ``make(True)`` must equal bit for bit.
+    factory: For ``inject_hyperparams``: ``(factory, kwargs, static_args)``
+      whose ``learning_rate`` is injected (with the default ``min_size``,
+      which ``'w'`` reaches); None where there is none. Only arguments that
+      set the state's structure are static, as Optax lists ``rank``.
+  """
+
+  name: str
+  make: Callable[[bool], optax.GradientTransformation]
+  reference: Callable[[], optax.GradientTransformation]
+  factory: tuple[Callable[..., Any], dict[str, Any]] | None = None
+
+
+def _moments(fp32: bool, *names: str) -> dict[str, str]:
+  return {n: 'fp32' if fp32 else 'int8_dynamic' for n in names}
+
+
+def _drop_in(name, fn, reference, fields, **kw):
+  static = ('reset_every',) if 'reset_every' in kw else ()
+  return Case(
+      name,
+      lambda fp32: fn(LR, **_moments(fp32, *fields), min_size=MIN_SIZE, **kw),
+      reference, (fn, kw, static))
+
+
+def _adam_state(fp32: bool) -> dict[str, str]:
+  fmt = 'fp32' if fp32 else 'fp8_e4m3'
+  return {'mu': fmt, 'nu': fmt}
+
+
+CASES = (
+    _drop_in('adam', optax_q.adam, lambda: optax.adam(LR),
+             ('mu_format', 'nu_format')),
+    _drop_in('adamw', optax_q.adamw, lambda: optax.adamw(LR),
+             ('mu_format', 'nu_format')),
+    _drop_in('lion', optax_q.lion, lambda: optax.lion(LR), ('mu_format',)),
+    _drop_in('sgd_momentum', optax_q.sgd,
+             lambda: optax.sgd(LR, momentum=0.9), ('mu_format',),
+             momentum=0.9),
+    _drop_in('sgd', optax_q.sgd, lambda: optax.sgd(LR), ('mu_format',)),
+    # A period longer than the run: Adam bit for bit.
+    _drop_in('adamw_reset_periodic', optax_q.adamw, lambda: optax.adamw(LR),
+             ('mu_format', 'nu_format'), reset_every=1000),
+    _drop_in('adamw_reset_adaptive', optax_q.adamw, lambda: optax.adamw(LR),
+             ('mu_format', 'nu_format'), reset_every='adaptive'),
+    Case('quantize_state', lambda fp32: optax_q.quantize_state(
+        optax.scale_by_adam(), _adam_state(fp32), min_size=MIN_SIZE),
+         optax.scale_by_adam),
+    Case('quantize_state_elementwise', lambda fp32: optax_q.quantize_state(
+        optax.scale_by_adam(), _adam_state(fp32), min_size=MIN_SIZE,
+        elementwise=True, tile_size=1024), optax.scale_by_adam),
+    Case('reset_state', lambda fp32: optax_q.reset_state(
+        optax_q.quantize_state(
+            optax_q.scale_by_adam_local_age(), _adam_state(fp32),
+            min_size=MIN_SIZE, elementwise=True), 1000,
+        groups=(('mu', 'nu'),)), optax.scale_by_adam),
+    Case('scale_by_adam_local_age',
+         lambda fp32: optax_q.scale_by_adam_local_age(), optax.scale_by_adam),
+)
+NAMED = [(c.name, c) for c in CASES]
+
+
+def _params(dtype=jnp.float32):
+  key = jax.random.key(0)
+  return {'w': (jax.random.normal(key, (16, 256)) * 0.1).astype(dtype),
+          'b': jnp.linspace(-0.1, 0.1, 128, dtype=dtype)}
+
+
+def _grads(step, params):
+  return jax.tree.map(lambda g, p: g.astype(p.dtype),
+                      helpers.grads(step, params), params)
+
+
+def _make(case: Case, fp32: bool) -> optax.GradientTransformation:
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore')  # Resets on fp32 moments warn.
+    return case.make(fp32)
+
+
+def _run(tx, params, steps=STEPS, start=0, state=None):
+  state = jax.jit(tx.init)(params) if state is None else state
+  step = jax.jit(lambda p, s, g: (lambda u, s: (
+      optax.apply_updates(p, u), s, u))(*tx.update(g, s, p)))
+  updates = []
+  for i in range(start, start + steps):
+    params, state, u = step(params, state, _grads(i, params))
+    updates.append(u)
+  return params, state, updates
+
+
+class MatrixTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(NAMED)
+  def test_fp32_parity_with_optax(self, case):
+    params = _params()
+    got = _run(_make(case, True), params)
+    want = _run(case.reference(), params)
+    helpers.assert_trees_equal(got[0], want[0])
+    helpers.assert_trees_equal(got[2], want[2])
+
+  @parameterized.named_parameters(NAMED)
+  def test_dtypes_preserved(self, case):
+    params = _params(jnp.bfloat16)
+    new_params, _, updates = _run(_make(case, False), params, steps=2)
+    for u, p in zip(jax.tree.leaves(updates[-1]), jax.tree.leaves(new_params)):
+      self.assertEqual(u.dtype, jnp.bfloat16)
+      self.assertEqual(p.dtype, jnp.bfloat16)
+
+  @parameterized.named_parameters(NAMED)
+  def test_multisteps(self, case):
+    tx = optax.MultiSteps(_make(case, False), every_k_schedule=2)
+    params = _params()
+    state0 = jax.jit(tx.init)(params)
+    _, state, updates = _run(tx, params, steps=4, state=state0)
+    helpers.assert_same_types(state, state0)
+    self.assertTrue(all(bool(jnp.all(u == 0))
+                        for u in jax.tree.leaves(updates[0])))
+    self.assertTrue(any(bool(jnp.any(u != 0))
+                        for u in jax.tree.leaves(updates[1])))
+
+  @parameterized.named_parameters(NAMED)
+  def test_inject_hyperparams_layout_static_by_default(self, case):
+    if case.factory is None:
+      self.skipTest('a wrapper of a transform: no learning rate to inject')
+    fn, kw, static = case.factory
+    schedule = optax.linear_schedule(LR, 0.0, 10)
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore')
+      tx = optax.inject_hyperparams(
+          fn, static_args=static, hyperparam_dtype=jnp.float32)(
+              learning_rate=schedule, **kw)
+      plain = fn(schedule, **kw)
+    params = _params()
+    _, state, updates = _run(tx, params)
+    _, _, want = _run(plain, params)
+    self.assertEqual(float(state.hyperparams['learning_rate']),
+                     float(schedule(STEPS - 1)))
+    for got_u, want_u in zip(updates, want):
+      for a, b in zip(jax.tree.leaves(got_u), jax.tree.leaves(want_u)):
+        # Injected decays are float32 arrays, not Python floats: the same
+        # arithmetic to float32 rounding (a code may round the other way).
+        self.assertLess(float(jnp.mean(jnp.abs(a - b) > 1e-3 * LR)), 1e-3)
+
+  @parameterized.named_parameters(NAMED)
+  def test_state_stable_under_cond(self, case):
+    tx = _make(case, False)
+    params = _params()
+    state = tx.init(params)
+
+    @jax.jit
+    def maybe_step(pred, state):
+      return jax.lax.cond(
+          pred, lambda s: tx.update(_grads(0, params), s, params)[1],
+          lambda s: s, state)
+
+    for pred in (True, False):
+      helpers.assert_same_types(maybe_step(pred, state), state)
+
+  @parameterized.named_parameters(NAMED)
+  def test_abstract_init(self, case):
+    tx = _make(case, False)
+    params = _params()
+    abstract = jax.eval_shape(
+        tx.init, jax.tree.map(
+            lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params))
+    helpers.assert_same_types(abstract, tx.init(params))
+    self.assertEqual(optax_q.state_nbytes(abstract),
+                     optax_q.state_nbytes(tx.init(params)))
+
+  @parameterized.named_parameters(NAMED)
+  def test_orbax_round_trip_resumes_bit_identically(self, case):
+    tx = _make(case, False)
+    params = _params()
+    p2, s2, _ = _run(tx, params, steps=2)
+    with tempfile.TemporaryDirectory() as tmp:
+      helpers.save(f'{tmp}/ckpt', {'params': p2, 'state': s2})
+      restored = helpers.restore(f'{tmp}/ckpt', {
+          'params': p2, 'state': jax.eval_shape(tx.init, params)})
+    resumed = _run(tx, restored['params'], steps=2, start=2,
+                   state=restored['state'])
+    straight = _run(tx, params, steps=4)
+    helpers.assert_bits_equal(resumed[:2], straight[:2])
+
+
+class ShardedMatrixTest(parameterized.TestCase):
+  """The matrix on 8 devices: sharded runs equal unsharded ones."""
+
+  @parameterized.named_parameters(NAMED)
+  def test_sharded_matches_unsharded(self, case):
+    multidevice.skip_unless_8_devices(self)
+    tx = _make(case, False)
+    params = _params()
+    mesh = jax.make_mesh((8,), ('data',))
+    param_shardings = {'w': NamedSharding(mesh, P('data', None)),
+                       'b': NamedSharding(mesh, P('data'))}
+    shardings = optax_q.state_shardings(
+        jax.eval_shape(tx.init, params), param_shardings)
+    step = jax.jit(
+        helpers.step_fn(tx),
+        in_shardings=(param_shardings, shardings, param_shardings),
+        out_shardings=(param_shardings, shardings))
+    p = jax.device_put(params, param_shardings)
+    s = jax.jit(tx.init, out_shardings=shardings)(p)
+    want_p, want_s, _ = _run(tx, params)
+    for i in range(STEPS):
+      p, s = step(p, s, jax.device_put(_grads(i, params), param_shardings))
+    helpers.assert_bits_equal(p, want_p)
+    helpers.assert_bits_equal(s, want_s)
+
+
+class SubprocessTest(absltest.TestCase):
+
+  def test_sharded_matrix_on_8_devices(self):
+    multidevice.run_in_8_device_process(self, __file__, 'ShardedMatrixTest')
+
+
+if __name__ == '__main__':
+  absltest.main()
