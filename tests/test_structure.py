@@ -214,6 +214,8 @@ class NonnegativeFieldsTest(absltest.TestCase):
                            nonnegative_fields=('stats',))
 
   def test_bad_declaration_named(self):
+    with self.assertRaisesRegex(ValueError, r"nonnegative_fields.*'statz'"):
+      optax_q.quantize_state(_factored(), nonnegative_fields=('statz',))
     for bad in ('stats', 3, [1]):
       with self.assertRaisesRegex(ValueError, 'nonnegative_fields'):
         optax_q.quantize_state(_factored(), nonnegative_fields=bad)

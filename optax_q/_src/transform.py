@@ -210,10 +210,13 @@ class StorageConfig:
       object.__setattr__(self, name, value)
 
   def check_fields(self, inner: optax.GradientTransformation) -> None:
-    """Raises if ``formats`` or ``rounding`` name fields ``inner`` lacks."""
+    """Raises if ``formats``, ``rounding`` or declared ``nonnegative_fields``
+    name fields ``inner``'s state lacks."""
     named = [(arg, value) for arg, value in
              (('formats', self.formats), ('rounding', self.rounding))
              if isinstance(value, Mapping)]
+    if self.nonnegative_fields != NONNEGATIVE_FIELDS:
+      named.append(('nonnegative_fields', self.nonnegative_fields))
     if not named:
       return
     names = state_tree.probe_field_names(inner)
