@@ -570,7 +570,8 @@ def excess_above(s, s0, xp=np):
   return xp.maximum((s - s0) / (1.0 - s0), 0.0)
 
 
-def effective_sample_size(age: int | np.ndarray, b2: float = 0.999):
+def effective_sample_size(age: int | np.ndarray, b2: float = 0.999
+                          ) -> float | np.ndarray:
   r"""Effective sample size of a bias-corrected EMA of local age ``age``.
 
   With weights :math:`w_t = (1 - \beta_2)\beta_2^{K - t}/(1 - \beta_2^K)`,
@@ -603,7 +604,8 @@ def effective_sample_size(age: int | np.ndarray, b2: float = 0.999):
   return float(n) if np.ndim(n) == 0 else n
 
 
-def statistical_error(age: int | np.ndarray, b2: float = 0.999):
+def statistical_error(age: int | np.ndarray, b2: float = 0.999
+                      ) -> float | np.ndarray:
   r"""Relative statistical error of a bias-corrected EMA of local age ``age``.
 
   The loss of effective sample size against an EMA that was never reset:

@@ -516,7 +516,7 @@ def _stall_tree(new, old):
       new, old, is_leaf=qarray_lib.is_qarray)
 
 
-def quantized_leaves(state) -> dict[str, QArray]:
+def quantized_leaves(state: Any) -> dict[str, QArray]:
   """All :class:`QArray` leaves of any state, by ``'a/b/c'`` path.
 
   Args:
