@@ -45,6 +45,7 @@ class HowToTest(parameterized.TestCase):
        'bit-identical: True'),
       ('formats_and_schedules', ['--steps', '3'], 'int4_unsigned'),
       ('shard_state', ['--steps', '2'], 'bit-identical: True'),
+      ('memory_budget', ['--budget-mib', '40'], 'MiB: fp8'),
   )
   def test_runs_and_checks(self, name, argv, expected):
     out = io.StringIO()
@@ -69,7 +70,7 @@ class HowToTest(parameterized.TestCase):
     for name in scripts:
       self.assertIn(f'examples/howto/{name}.py', page)
     tested = {'nnx_checkpoint', 'linen_train_state', 'formats_and_schedules',
-              'shard_state'}
+              'shard_state', 'memory_budget'}
     self.assertEqual(scripts, tested)
 
 
