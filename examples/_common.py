@@ -155,6 +155,42 @@ class RunConfig:
   max_bytes: int = data.DEFAULT_MAX_BYTES
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+  """Every script's help: each flag's default appended once, unless its
+  help already says it (or it is a switch, or None)."""
+
+  def _get_help_string(self, action):
+    text = action.help or ''
+    if ('default' in text.lower() or action.default is None
+        or action.default is False or action.default is argparse.SUPPRESS):
+      return text
+    return text + ' (default: %(default)s)'
+
+
+_RUN_HELP = {
+    'd_model': 'model width',
+    'num_layers': 'transformer layers',
+    'num_heads': 'attention heads',
+    'seq_len': 'bytes per training sequence',
+    'batch_size': 'sequences per batch',
+    'steps': 'training steps',
+    'learning_rate': 'peak learning rate',
+    'warmup_steps': 'linear warm-up steps',
+    'final_lr_fraction': 'final learning rate of the cosine decay, as a '
+                         'fraction of the peak',
+    'weight_decay': 'decoupled weight decay (matrices only)',
+    'clip_norm': 'global gradient-norm clip',
+    'b1': "Adam's first-moment decay",
+    'b2': "Adam's second-moment decay",
+    'eps': "Adam's eps",
+    'block_size': 'elements per scale of the quantized moments',
+    'min_size': 'smaller tensors keep float32 state',
+    'eval_every': 'steps between validation evaluations',
+    'eval_batches': 'validation batches per evaluation',
+    'max_bytes': 'bytes of the corpus read',
+}
+
+
 def add_run_args(parser: argparse.ArgumentParser, defaults: RunConfig):
   """Flags for every :class:`RunConfig` field, e.g. ``--d-model 64``."""
   group = parser.add_argument_group('model, data and schedule')
@@ -162,7 +198,7 @@ def add_run_args(parser: argparse.ArgumentParser, defaults: RunConfig):
     value = getattr(defaults, field.name)
     group.add_argument(
         '--' + field.name.replace('_', '-'), type=type(value), default=value,
-        help=f'(default: {value})')
+        help=f'{_RUN_HELP[field.name]} (default: {value})')
   parser.add_argument(
       '--data', default=None,
       help='train on this text file instead of the standard library sources')

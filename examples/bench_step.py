@@ -370,19 +370,21 @@ def render_table(result: dict[str, Any]) -> str:
 def make_parser() -> argparse.ArgumentParser:
   """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--d', type=int, default=512, help='model width')
-  parser.add_argument('--layers', type=int, default=8)
+  parser.add_argument('--d', type=int, default=512, help='model width (default: %(default)s)')
+  parser.add_argument('--layers', type=int, default=8,
+                      help='layers of the benchmark tree (default: %(default)s)')
   parser.add_argument('--steps', type=int, default=20,
-                      help='measured steps per optimizer (>= 20 for docs)')
+                      help='measured steps per optimizer (>= 20 for docs) (default: %(default)s)')
   parser.add_argument('--rounds', type=int, default=5,
-                      help='round-robin rounds the steps are split into')
-  parser.add_argument('--warmup', type=int, default=2)
+                      help='round-robin rounds the steps are split into (default: %(default)s)')
+  parser.add_argument('--warmup', type=int, default=2,
+                      help='unmeasured steps per optimizer after compiling (default: %(default)s)')
   parser.add_argument('--quick', action='store_true',
                       help='smoke test: tiny model, no torchao/bitsandbytes')
   parser.add_argument('--no-peers', action='store_true',
                       help='skip PyTorch, torchao and bitsandbytes')
   parser.add_argument('--only', default='',
-                      help='comma-separated substrings; keep matching rows')
+                      help='comma-separated substrings; keep matching rows (default: all)')
   parser.add_argument(
       '--out', default=os.path.join(_ROOT, 'runs', 'bench_step'),
       help='directory for bench_step.json and .md (default: runs/bench_step; '

@@ -76,14 +76,15 @@ def make_parser() -> argparse.ArgumentParser:
   """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(
       description=__doc__.split('\n')[0],
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument('--out', default=_common.default_out(__file__),
-                      help='output directory (plot, metrics)')
+      formatter_class=_common.HelpFormatter)
+  _common.add_out_argument(parser, __file__)
   parser.add_argument(
       '--configs', nargs='+', default=list(DEFAULT_CONFIGS),
       help="optimizers: 'fp32' first, then <mu>[+<nu>]/<rn|sr> or 4bit/sr")
-  parser.add_argument('--seed', type=int, default=0)
-  parser.add_argument('--no-progress', action='store_true')
+  parser.add_argument('--seed', type=int, default=0,
+                      help='seed of the init, the batches and the rounding')
+  parser.add_argument('--no-progress', action='store_true',
+                      help='no progress bars (for logs)')
   _common.add_run_args(parser, DEFAULTS)
   return parser
 
@@ -118,6 +119,8 @@ def main(argv=None):
 
   plot = train.plot_curves(
       results, out / 'loss_curves.png',
+      labels={r['config']: f"{r['config']}: state "
+              f"{r['state_bytes'] / 2**20:.2f} MiB" for r in rows},
       title=f'GPT {model.num_params() / 1e6:.2f}M params, byte-level '
             f'stdlib corpus, seed {args.seed}')
   summary = dict(

@@ -188,11 +188,14 @@ def telemetry_table(params_np, grads, labels, rounds) -> str:
 def make_parser() -> argparse.ArgumentParser:
   """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--rows', type=int, default=2048)
-  parser.add_argument('--cols', type=int, default=2048)
+  parser.add_argument('--rows', type=int, default=2048,
+                      help='rows of the profiled leaf (default: %(default)s)')
+  parser.add_argument('--cols', type=int, default=2048,
+                      help='columns of the profiled leaf (default: %(default)s)')
   parser.add_argument('--formats', nargs='+', default=list(FORMATS),
-                      choices=list(FORMATS))
-  parser.add_argument('--rounds', type=int, default=5)
+                      choices=list(FORMATS), help='formats profiled (default: %(default)s)')
+  parser.add_argument('--rounds', type=int, default=5,
+                      help='round-robin rounds of the timings (default: %(default)s)')
   parser.add_argument('--quick', action='store_true',
                       help='a 256 x 512 leaf and few repetitions')
   parser.add_argument(

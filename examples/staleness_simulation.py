@@ -294,7 +294,8 @@ def _plots(out_dir, tracking, stationary, args):
 
 def make_parser() -> argparse.ArgumentParser:
   """The flags of :func:`main`."""
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0],
+                                   formatter_class=_common.HelpFormatter)
   parser.add_argument('--quick', action='store_true',
                       help='fewer coordinates and steps')
   parser.add_argument('--dim', type=int, default=None,
@@ -303,14 +304,18 @@ def make_parser() -> argparse.ArgumentParser:
                       help='tracking steps (default 8000, quick 4000)')
   parser.add_argument('--drop-step', type=int, default=None,
                       help='step of the variance drop (default steps / 2)')
-  parser.add_argument('--drop-factor', type=float, default=0.25)
-  parser.add_argument('--b2', type=float, default=0.999)
+  parser.add_argument('--drop-factor', type=float, default=0.25,
+                      help='the variance is multiplied by this at the drop')
+  parser.add_argument('--b2', type=float, default=0.999,
+                      help='decay of the second moment')
   parser.add_argument('--extra-b2', type=float, nargs='*',
                       default=[0.99, 0.995],
                       help='further b2 values for the model check')
-  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--seed', type=int, default=0,
+                      help='seed of the gradients and the rounding')
   _common.add_out_argument(parser, __file__)
-  parser.add_argument('--no-plots', action='store_true')
+  parser.add_argument('--no-plots', action='store_true',
+                      help='write no figures')
   return parser
 
 

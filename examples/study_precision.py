@@ -305,9 +305,12 @@ def make_parser() -> argparse.ArgumentParser:
   """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(
       description=__doc__.split('\n')[0],
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument('--mode', choices=sorted(MODES), default='quick')
-  parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+      formatter_class=_common.HelpFormatter)
+  parser.add_argument('--mode', choices=sorted(MODES), default='quick',
+                      help='quick: a tiny GPT, minutes; full: the demo GPT, '
+                      'about half an hour')
+  parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2],
+                      help='seeds; each runs every config')
   parser.add_argument('--configs', nargs='+', default=list(CONFIGS),
                       help="'fp32' first, then <mu>[+<nu>]/<rn|sr>")
   _common.add_out_argument(parser, __file__)
@@ -324,7 +327,8 @@ def make_parser() -> argparse.ArgumentParser:
       '--render', action='store_true',
       help='only re-render the table, plot and doc from the JSON in '
       '--out (no training)')
-  parser.add_argument('--no-progress', action='store_true')
+  parser.add_argument('--no-progress', action='store_true',
+                      help='no progress bars (for logs)')
   parser.add_argument('--data', default=None,
                       help='train on this text file instead of the stdlib')
   # Overrides of the mode's model and schedule (for smoke tests).

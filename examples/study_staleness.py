@@ -184,12 +184,17 @@ def summarize(rows):
 
 def make_parser() -> argparse.ArgumentParser:
   """The flags of :func:`main`."""
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--mode', choices=sorted(MODES), default='quick')
-  parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0],
+                                   formatter_class=_common.HelpFormatter)
+  parser.add_argument('--mode', choices=sorted(MODES), default='quick',
+                      help="quick: a small GPT, minutes; paper: the paper's "
+                      'setting scaled to CPU')
+  parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2],
+                      help='seeds; each runs every variant')
   parser.add_argument('--formats', nargs='+', default=sorted(FORMATS),
-                      choices=sorted(FORMATS))
-  parser.add_argument('--steps', type=int, default=None)
+                      choices=sorted(FORMATS), help='state formats compared')
+  parser.add_argument('--steps', type=int, default=None,
+                      help="training steps (default: the mode's)")
   parser.add_argument('--eps', type=float, default=None,
                       help="Adam's eps (default 1e-8)")
   parser.add_argument(

@@ -113,13 +113,16 @@ def measure(adam, cfg, *, floor: bool, block_size: int):
 
 def make_parser() -> argparse.ArgumentParser:
   """The flags of :func:`main`."""
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0],
+                                   formatter_class=_common.HelpFormatter)
   parser.add_argument('--steps', type=int, default=500,
                       help='float32 AdamW steps before the state is taken')
-  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--seed', type=int, default=0,
+                      help='seed of the model, the data and the rounding')
   parser.add_argument('--no-floor', action='store_true',
                       help='second moments without the positive floor')
-  parser.add_argument('--name', default='update_error')
+  parser.add_argument('--name', default='update_error',
+                      help='stem of the result files in --out')
   _common.add_out_argument(parser, __file__)
   return parser
 

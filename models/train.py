@@ -52,6 +52,7 @@ import json
 import math
 import os
 import pathlib
+import sys
 import time
 from typing import Any
 
@@ -298,6 +299,7 @@ def plot_curves(
     smoothing: float = 0.9,
     title: str | None = None,
     log_y: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> pathlib.Path:
   """Plot training and evaluation loss curves of several runs into one image.
 
@@ -311,6 +313,8 @@ def plot_curves(
       curve is drawn faintly behind.
     title: figure title.
     log_y: logarithmic loss axis.
+    labels: ``name -> legend text`` (e.g. with the state memory of each
+      run); the name by default.
 
   Returns:
     The path written.
@@ -320,20 +324,28 @@ def plot_curves(
 
   fig = Figure(figsize=(11, 4), layout='constrained')
   ax_train, ax_eval = fig.subplots(1, 2)
+  styles = ('-', '--', ':', '-.')
   for i, (name, res) in enumerate(results.items()):
     hist = _history(res)
-    color = f'C{i % 10}'
+    # Curves that nearly coincide stay visible: each its own line style and
+    # marker, the first run (the reference) drawn on top.
+    line = dict(color=f'C{i % 10}', ls=styles[i % len(styles)],
+                zorder=3 if i == 0 else 2,
+                label=(labels or {}).get(name, name))
     steps = np.asarray(hist['steps'])
     losses = np.asarray(hist['losses'], dtype=np.float64)
     if smoothing:
-      ax_train.plot(steps, losses, color=color, alpha=0.2, lw=0.8)
-      ax_train.plot(steps, _ema(losses, smoothing), color=color, label=name)
+      ax_train.plot(steps, losses, color=line['color'], alpha=0.15, lw=0.8)
+      ax_train.plot(steps, _ema(losses, smoothing), **line)
     else:
-      ax_train.plot(steps, losses, color=color, label=name)
+      ax_train.plot(steps, losses, **line)
     if hist['evals']:
       ev = [e.get('loss', np.nan) for e in hist['evals']]
-      ax_eval.plot(hist['eval_steps'], ev, 'o-', color=color, label=name)
-  for ax, label in ((ax_train, 'train loss'), (ax_eval, 'validation loss')):
+      ax_eval.plot(hist['eval_steps'], ev, marker='osD^'[i % 4],
+                   markerfacecolor='none', **line)
+  train_label = (f'train loss (EMA {smoothing:g} of the per-step loss; raw '
+                 'faint)' if smoothing else 'train loss')
+  for ax, label in ((ax_train, train_label), (ax_eval, 'validation loss')):
     ax.set_xlabel('step')
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
@@ -620,8 +632,11 @@ def train(
   bar = None
   if show and steps > start_step:
     from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
+    # Redirected to a log, the bar updates every 30 s instead of twice a
+    # second, so the log does not fill with progress lines.
+    interactive = getattr(sys.stderr, 'isatty', lambda: False)()
     bar = tqdm(total=steps, initial=start_step, desc=desc, dynamic_ncols=True,
-               mininterval=0.5)
+               mininterval=0.5 if interactive else 30.0)
   postfix = {}
   step = start_step
   try:
