@@ -271,7 +271,9 @@ def write_outputs(result, out, doc, name=NAME):
   md = render_markdown(result, result['summary'])
   (out / f'{name}.md').write_text(
       f"# Precision study ({result['mode']} mode)\n\n"
-      f'Written by `examples/study_precision.py`; do not edit.\n\n' + md)
+      f'Written by `examples/study_precision.py`; do not edit.\n\n'
+      f'![final validation loss against state bits per element]({name}.png)'
+      '\n\n' + md)
   cfg = result['run_config']
   plot_frontier(
       result['summary'], out / f'{name}.png',
