@@ -233,7 +233,7 @@ def _plots(out_dir, tracking, stationary, args):
   handles, names = axes[0].get_legend_handles_labels()
   axes[-1].legend(handles, names, loc='center', fontsize=9)
   fig.suptitle(f'Tracking a variance drop (x{args.drop_factor} at step '
-               f'{args.drop_step}), b2={args.b2}', fontsize=10)
+               f'{args.drop_step}), b2={b2}', fontsize=10)
   fig.tight_layout()
   fig.savefig(out_dir / 'staleness_sim_tracking.png', dpi=110)
   plt.close(fig)
@@ -270,7 +270,7 @@ def _plots(out_dir, tracking, stationary, args):
   ax2.axhline(0, color='k', lw=0.6)
   ax2.set_ylim(-4, 4)
   ax2.set_ylabel('measured - model (pp)')
-  ax2.set_title(f'Model check at b2={args.b2}', fontsize=9)
+  ax2.set_title(f'Model check at b2={b2}', fontsize=9)
   window = max(1, args.steps // 100)
   kernel = np.ones(window) / window
   for label, fmt_model in [(f[0], f[3]) for f in MODEL_FORMATS]:
@@ -316,11 +316,21 @@ def make_parser() -> argparse.ArgumentParser:
   _common.add_out_argument(parser, __file__)
   parser.add_argument('--no-plots', action='store_true',
                       help='write no figures')
+  parser.add_argument('--render', action='store_true',
+                      help='only re-write staleness_sim.md from the '
+                      'staleness_sim.json in --out (no simulation)')
   return parser
 
 
 def main(argv=None):
   args = make_parser().parse_args(argv)
+  if args.render:
+    out_dir = pathlib.Path(args.out)
+    result = json.loads((out_dir / 'staleness_sim.json').read_text())
+    _write_markdown(out_dir / 'staleness_sim.md', result['meta'],
+                    result['model_check'], result['tracking'])
+    print(f'rendered {out_dir / "staleness_sim.md"}')
+    return
   args.dim = args.dim or (4096 if args.quick else 16384)
   args.steps = args.steps or (4000 if args.quick else 8000)
   args.drop_step = args.drop_step or args.steps // 2
@@ -394,16 +404,16 @@ def main(argv=None):
   with open(out_dir / 'staleness_sim.json', 'w') as f:
     json.dump(dict(meta=meta, model_check=stationary, tracking=summary), f,
               indent=1)
-  _write_markdown(out_dir / 'staleness_sim.md', meta, stationary, summary,
-                  args)
   if not args.no_plots:
     _plots(out_dir, tracking, stationary, args)
-  print(f'target (bf16, fp8 within {100 * TOLERANCE:.0f} pp at b2={args.b2})'
+  _write_markdown(out_dir / 'staleness_sim.md', meta, stationary, summary)
+  print(f'target (bf16, fp8 within {100 * TOLERANCE:.0f} pp at b2={b2})'
         f': {"met" if meta["target_met"] else "NOT met"}; '
         f'{meta["seconds"]} s; wrote {out_dir}')
 
 
-def _write_markdown(path, meta, stationary, summary, args):
+def _write_markdown(path, meta, stationary, summary):
+  b2, drop_factor = meta['b2'], meta['drop_factor']
   pp = lambda x: f'{100 * x:+.2f}'
   rows = [(r['format'], r['b2'], r['rounding'], f'{r["model"]:.4f}',
            f'{r["measured"]:.4f}', pp(r['diff']),
@@ -436,19 +446,19 @@ each: no scales (fp4 is the 2-mantissa-bit grid `e8m2`), `sigma_i = 2**U(-2,
 2)`, and every step tests one update from the stored ideal EMA `Q(v32)`,
 comparing decoded values. Target: |measured - model| <=
 {100 * TOLERANCE:.0f} pp for bf16 and fp8, both roundings, at b2 =
-{args.b2}: **{'met' if meta['target_met'] else 'NOT met'}**.
+{b2}: **{'met' if meta['target_met'] else 'NOT met'}**.
 
 {_common.markdown_table(('format', 'b2', 'rounding', 'model', 'measured', 'diff (pp)',
             'within 3 pp'), rows)}
 
 ## 2. Tracking a variance drop with the library's optimizer
 
-`quantize_state(scale_by_adam_local_age(b2={args.b2}), {{'nu': fmt}},
+`quantize_state(scale_by_adam_local_age(b2={b2}), {{'nu': fmt}},
 scale='none' | 'block')`, from a zero state, optionally inside
 `reset_state(..., {{'nu': K*}})` with `K* = reset_period(fmt, b2)`.
 `v/sigma^2` is Adam's bias-corrected second moment (by the local age since
 the last reset) over the initial true variance: 1 before the drop, and
-{args.drop_factor} after it for an EMA that tracks. The stalled fraction is
+{drop_factor} after it for an EMA that tracks. The stalled fraction is
 `optax_q.stall_fraction` (stored codes unchanged), averaged over steps
 [{meta['stall_window'][0]}, {meta['stall_window'][1]}); with resets that
 window includes the restarts. Nearest rounding breaks the model's
@@ -462,9 +472,15 @@ scale itself moves.
 {_common.markdown_table(('format', 'rounding', 'resets', 'v/sigma^2 before drop',
             'v/sigma^2 at end', 'stalled (window)', 'model'), track)}
 
-Plots: `staleness_sim_tracking.png` (stored v over time) and
-`staleness_sim_stalls.png` (model check and free-running stalled fraction).
 """
+  plots = [(name, caption) for name, caption in (
+      ('staleness_sim_tracking.png', 'Stored v over time'),
+      ('staleness_sim_stalls.png',
+       'Model check and free-running stalled fraction'))
+           if (path.parent / name).exists()]
+  if plots:
+    text += '\n## Plots\n\n' + '\n\n'.join(
+        f'![{caption}]({name})' for name, caption in plots) + '\n'
   path.write_text(text)
 
 

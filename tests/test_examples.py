@@ -26,6 +26,7 @@ import contextlib
 import io
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -339,6 +340,23 @@ class DefaultOutTest(absltest.TestCase):
 
   def test_no_page_is_refreshed_by_default(self):
     self.assertFalse(study_precision.make_parser().parse_args([]).doc)
+
+
+class StalenessRenderTest(_DocsUnchanged):
+
+  def test_published_page_is_its_json_rendered(self):
+    # The committed page is what --render writes from the committed JSON,
+    # the committed plots embedded.
+    results = _ROOT / 'docs' / 'results'
+    for name in ('staleness_sim.json', 'staleness_sim_tracking.png',
+                 'staleness_sim_stalls.png'):
+      shutil.copy(results / name, self.out / name)
+    _quiet(staleness_simulation.main, ['--render', '--out', str(self.out)])
+    self.assert_wrote('staleness_sim.md')
+    self.assertEqual((self.out / 'staleness_sim.md').read_text(),
+                     (results / 'staleness_sim.md').read_text())
+    self.assertIn('![Stored v over time](staleness_sim_tracking.png)',
+                  (self.out / 'staleness_sim.md').read_text())
 
 
 class ProfileStepTest(_DocsUnchanged):
