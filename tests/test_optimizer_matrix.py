@@ -82,7 +82,20 @@ def _adam_state(fp32: bool) -> dict[str, str]:
   return {'mu': fmt, 'nu': fmt}
 
 
+def _codecs(name, mu, nu):
+  """AdamW with the low-bit codecs (3- and 4-bit packed codes)."""
+  kw = dict(mu_format=mu, nu_format=nu, rounding='stochastic')
+  return Case(
+      name, lambda fp32: optax_q.adamw(
+          LR, **(_moments(fp32, 'mu_format', 'nu_format') if fp32 else kw),
+          min_size=MIN_SIZE),
+      lambda: optax.adamw(LR), (optax_q.adamw, kw, ()))
+
+
 CASES = (
+    _codecs('adamw_nf4_ue4m0_rsqrt', 'nf4', 'ue4m0@rsqrt'),
+    _codecs('adamw_nf3_ue3m0', 'nf3', 'ue3m0'),
+    _codecs('adamw_companded', 'int4_softsign', 'int4_mulaw'),
     _drop_in('adam', optax_q.adam, lambda: optax.adam(LR),
              ('mu_format', 'nu_format')),
     _drop_in('adamw', optax_q.adamw, lambda: optax.adamw(LR),

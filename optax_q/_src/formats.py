@@ -24,10 +24,15 @@ A :class:`Format` says how one value is stored:
 * ``kind='int'``: a signed linear integer grid ``{-q, ..., q}`` with
   ``q = 2**(bits-1) - 1`` (``int8``: 127, ``int4``: 7).
 * ``kind='codebook'``: a sorted table of values (``fp4_e2m1``,
-  ``fp4_e2m2u``, ``int8_dynamic``); a code is an index into the table.
+  ``fp4_e2m2u``, ``int8_dynamic``, and the low-bit codecs: ``nf4``/``nf3``,
+  the unsigned power-of-two grids ``ue{E}m{M}``, and the companded grids
+  ``int{4,3}_sqrt``, ``int{4,3}_mulaw``, ``int{4,3}_softsign``); a code is
+  an index into the table. A codebook rounds linearly in its
+  :attr:`Format.space` (``'linear'`` unless named ``<codec>@<space>``).
 
-Four-bit codes are packed two per byte (see ``packing.py``), so a 4-bit
-state really takes half a byte per element plus its scales.
+Four-bit codes are packed two per byte and three-bit codes eight per three
+bytes (see ``packing.py``), so a 4-bit state really takes half a byte per
+element plus its scales, and a 3-bit state three eighths.
 """
 
 from __future__ import annotations
@@ -42,8 +47,11 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from optax_q._src import codebooks
 from optax_q._src import validation
 
+PACKED_BITS = (3, 4)
+ROUNDING_SPACES = ('linear', 'sqrt', 'log', 'rsqrt')
 ROUNDING_MODES = validation.ROUNDING_MODES
 SCALE_MODES = validation.SCALE_MODES
 UINT32_MAX = validation.UINT32_MAX
@@ -74,6 +82,15 @@ class Format:
       stored as zero makes the next Adam update ``m / (sqrt(v) + eps)`` blow
       up by orders of magnitude (Li et al., 2023). Zero inputs (a fresh or
       reset state) still encode to zero.
+    space: Where a codebook's rounding is linear: ``'linear'`` (the value
+      itself: stochastic rounding is unbiased in ``x``), ``'sqrt'``
+      (``sign(x) sqrt|x|``: storing ``sqrt(v)`` on the grid's square
+      roots), ``'log'``, or ``'rsqrt'`` (``-1/sqrt(x)``: rounding chosen by
+      its effect on Adam's preconditioner ``1/sqrt(v)``, unbiased there).
+      Nearest rounding takes the bracketing value nearer in that space; a
+      stochastic one rounds up with probability equal to the fractional
+      position in that space. ``'log'`` and ``'rsqrt'`` need a table of
+      positive values.
   """
 
   name: str
@@ -88,6 +105,7 @@ class Format:
   table: tuple[float, ...] | None = None
   min_normal: float | None = None
   positive_floor: bool = False
+  space: str = 'linear'
 
   @property
   def min_positive(self) -> float | None:
@@ -103,8 +121,9 @@ class Format:
 
   @property
   def packed(self) -> bool:
-    """Whether codes are packed two per byte."""
-    return self.bits == 4
+    """Whether codes are packed (4-bit two per byte, 3-bit eight per three
+    bytes)."""
+    return self.bits in PACKED_BITS
 
   @property
   def dtype(self) -> np.dtype:
@@ -118,7 +137,7 @@ class Format:
   @property
   def container_bits(self) -> int:
     """Bits per element actually held in memory (before scales)."""
-    return 4 if self.packed else 8 * self.dtype.itemsize
+    return self.bits if self.packed else 8 * self.dtype.itemsize
 
   def __repr__(self) -> str:
     if self.positive_floor:
@@ -316,9 +335,52 @@ def _simulated(ebits: int, mbits: int) -> Format:
                      scaled=ebits < 8)
 
 
+@functools.cache
+def _normal_float(bits: int) -> Format:
+  return _codebook(f'nf{bits}', codebooks.normal_float(bits), bits=bits,
+                   signed=True)
+
+
+@functools.cache
+def _unsigned_float(ebits: int, mbits: int) -> Format:
+  f = _codebook(f'ue{ebits}m{mbits}', codebooks.unsigned_float(ebits, mbits),
+                bits=ebits + mbits, signed=False)
+  return dataclasses.replace(f, exponent_bits=ebits, mantissa_bits=mbits)
+
+
+@functools.cache
+def _companded(kind: str, bits: int, signed: bool) -> Format:
+  name = f'int{bits}_{kind}' + ('' if signed else '_unsigned')
+  return _codebook(name, codebooks.companded(kind, bits, signed=signed),
+                   bits=bits, signed=signed)
+
+
+@functools.cache
+def _in_space(fmt: Format, space: str) -> Format:
+  """``fmt`` rounding linearly in ``space`` (named ``<name>@<space>``)."""
+  if space == 'linear':
+    return fmt
+  if fmt.kind != 'codebook':
+    raise ValueError(
+        f'A rounding space (@{space}) needs a codebook format, and '
+        f'{fmt.name!r} is a {fmt.kind} grid; codebooks: fp4_e2m1, '
+        'fp4_e2m2u, int8_dynamic, int4_unsigned, nf4, nf3, ue{E}m{M}, '
+        'int{3,4}_{sqrt,mulaw,softsign}[_unsigned].')
+  if space in ('log', 'rsqrt') and min(fmt.table) <= 0:
+    raise ValueError(
+        f'Rounding space @{space} needs a grid of positive values, and '
+        f'{fmt.name!r} holds {min(fmt.table)}: use an unsigned grid without '
+        "zero (ue{E}m{M}, fp4_e2m2u, int4_unsigned, int{3,4}_<compander>"
+        '_unsigned).')
+  base = fmt.name.split('@')[0]
+  return dataclasses.replace(fmt, name=f'{base}@{space}', space=space)
+
+
 FORMAT_NAMES = (
     'fp32', 'bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1', 'fp4_e2m2u',
-    'int8', 'int8_dynamic', 'int4', 'e{E}m{M}',
+    'int8', 'int8_dynamic', 'int4', 'e{E}m{M}', 'nf4', 'nf3', 'ue{E}m{M}',
+    'int4_sqrt', 'int3_sqrt', 'int4_mulaw', 'int3_mulaw', 'int4_softsign',
+    'int3_softsign',
 )
 # Other spellings of the names above, one meaning each, everywhere (the
 # stall model of ``theory.py`` included). The second-moment variants that
@@ -329,15 +391,50 @@ FORMAT_ALIASES = types.MappingProxyType({
     'fp8': 'fp8_e4m3', 'e4m3': 'fp8_e4m3', 'e5m2': 'fp8_e5m2',
     'fp4': 'fp4_e2m1', 'e2m1': 'fp4_e2m1', 'e2m2u': 'fp4_e2m2u',
 })
-VARIANT_NAMES = ('int8_dynamic_unsigned', 'int4_unsigned')
+VARIANT_NAMES = ('int8_dynamic_unsigned', 'int4_unsigned',
+                 'int{3,4}_{sqrt,mulaw,softsign}_unsigned')
 
 
 def _allowed() -> str:
   aliases = ', '.join(f'{a!r} = {n!r}' for a, n in FORMAT_ALIASES.items())
   return (f'{", ".join(FORMAT_NAMES)} (simulated e{{E}}m{{M}} with '
-          f'1 <= E <= 8, 0 <= M <= 23); second-moment variants '
-          f'{", ".join(VARIANT_NAMES)}; aliases {aliases}')
+          f'1 <= E <= 8, 0 <= M <= 23; unsigned power-of-two grids '
+          f'ue{{E}}m{{M}} with E >= 1, 3 <= E + M <= 8); second-moment '
+          f'variants {", ".join(VARIANT_NAMES)}; a codebook followed by '
+          f'@<space> rounds in that space, one of {ROUNDING_SPACES}; '
+          f'aliases {aliases}')
 _SIMULATED = re.compile(r'^e(\d+)m(\d+)$')
+_UNSIGNED_FLOAT = re.compile(r'^ue(\d+)m(\d+)$')
+_COMPANDED = re.compile(r'^int([34])_(sqrt|mulaw|softsign)(_unsigned)?$')
+
+
+_NAMED = types.MappingProxyType({
+    'fp4_e2m1': _fp4_e2m1, 'fp4_e2m2u': _fp4_e2m2u,
+    'int8_dynamic': functools.partial(_int8_dynamic, True),
+    'int8_dynamic_unsigned': functools.partial(_int8_dynamic, False),
+    'int4_unsigned': _int4_unsigned,
+    'nf4': functools.partial(_normal_float, 4),
+    'nf3': functools.partial(_normal_float, 3),
+})
+
+
+def _named(key: str) -> Format | None:
+  """The format of a canonical lower-case name, or None."""
+  if key in _BUILTIN:
+    return _BUILTIN[key]
+  if key in _NAMED:
+    return _NAMED[key]()
+  m = _SIMULATED.match(key)
+  if m and 1 <= int(m.group(1)) <= 8 and 0 <= int(m.group(2)) <= 23:
+    return _simulated(int(m.group(1)), int(m.group(2)))
+  m = _UNSIGNED_FLOAT.match(key)
+  if m and int(m.group(1)) >= 1 and 3 <= int(m.group(1)) + int(
+      m.group(2)) <= 8:
+    return _unsigned_float(int(m.group(1)), int(m.group(2)))
+  m = _COMPANDED.match(key)
+  if m:
+    return _companded(m.group(2), int(m.group(1)), not m.group(3))
+  return None
 
 
 def get_format(fmt: str | Format) -> Format:
@@ -378,24 +475,19 @@ def check_format(fmt: Any, name: str) -> Format:
         f'Allowed: {_allowed()}. (Under '
         'optax.inject_hyperparams, list format arguments in static_args.)')
   key = fmt.strip().lower()
-  key = FORMAT_ALIASES.get(key, key)
-  if key in _BUILTIN:
-    return _BUILTIN[key]
-  if key == 'fp4_e2m1':
-    return _fp4_e2m1()
-  if key == 'fp4_e2m2u':
-    return _fp4_e2m2u()
-  if key == 'int8_dynamic':
-    return _int8_dynamic(True)
-  if key == 'int8_dynamic_unsigned':
-    return _int8_dynamic(False)
-  if key == 'int4_unsigned':
-    return _int4_unsigned()
-  m = _SIMULATED.match(key)
-  if m:
-    ebits, mbits = int(m.group(1)), int(m.group(2))
-    if 1 <= ebits <= 8 and 0 <= mbits <= 23:
-      return _simulated(ebits, mbits)
+  if '@' in key:
+    base, _, space = key.partition('@')
+    if space not in ROUNDING_SPACES:
+      raise ValueError(
+          f'{name}={fmt!r}: unknown rounding space {space!r}; allowed: '
+          f'{ROUNDING_SPACES}.')
+    try:
+      return _in_space(check_format(base, name), space)
+    except ValueError as e:
+      raise ValueError(f'{name}={fmt!r}: {e}') from None
+  found = _named(FORMAT_ALIASES.get(key, key))
+  if found is not None:
+    return found
   raise ValueError(f'Unknown format {name}={fmt!r}. Allowed: {_allowed()}.')
 
 
@@ -430,6 +522,12 @@ def unsigned_variant(fmt: str | Format) -> Format:
     <https://arxiv.org/abs/2309.01507>`_, 2023
   """
   fmt = check_format(fmt, 'fmt')
+  if fmt.space != 'linear':
+    return _in_space(unsigned_variant(fmt.name.split('@')[0]), fmt.space)
+  if fmt.kind == 'codebook' and fmt.name.startswith('int') and fmt.signed:
+    m = _COMPANDED.match(fmt.name)
+    if m:
+      return _companded(m.group(2), int(m.group(1)), False)
   if fmt.name == 'int8_dynamic':
     fmt = _int8_dynamic(False)
   elif fmt.name == 'int4':

@@ -11,13 +11,17 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Nibble packing: two 4-bit codes per uint8 along the last axis.
+"""Code packing along the last axis: two 4-bit codes per uint8 (nibbles),
+or eight 3-bit codes per three uint8.
 
 JAX stores ``int4``/``uint4``/``float4_e2m1fn`` arrays with one byte per
 element, so a real 4-bit state needs packing by hand. Element ``2i`` goes to
 the low nibble and ``2i + 1`` to the high nibble of byte ``i``; an odd last
 axis is padded with a zero nibble. The packed array keeps the rank, and only
 the last axis is halved, so a parameter's ``PartitionSpec`` still applies.
+Three-bit codes go in groups of eight: code ``8i + j`` takes bits
+``3j .. 3j + 2`` of the little-endian 24-bit word in bytes ``3i .. 3i + 2``;
+the last group is padded with zero codes.
 
 Where the codes' type carries their sharding (explicit mesh axes), packed
 codes keep it, except along a last axis whose halved length the mesh axes
@@ -34,9 +38,60 @@ import jax.numpy as jnp
 from optax_q._src import explicit
 
 
-def packed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+def packed_length(n: int, bits: int = 4) -> int:
+  """Bytes of ``n`` packed codes of ``bits`` (3 or 4)."""
+  if bits == 3:
+    return 3 * (-(-n // 8))
+  return (n + 1) // 2
+
+
+def packed_shape(shape: tuple[int, ...], bits: int = 4) -> tuple[int, ...]:
   """Shape of the packed codes for a logical ``shape`` (rank >= 1)."""
-  return tuple(shape[:-1]) + ((shape[-1] + 1) // 2,)
+  return tuple(shape[:-1]) + (packed_length(shape[-1], bits),)
+
+
+def pack(codes: jax.Array, bits: int) -> jax.Array:
+  """Packs integer codes in ``[0, 2**bits)`` (``bits`` 3 or 4)."""
+  return pack_triplets(codes) if bits == 3 else pack_nibbles(codes)
+
+
+def unpack(packed: jax.Array, n: int, bits: int) -> jax.Array:
+  """Inverse of :func:`pack`: uint8 codes, last axis ``n`` long."""
+  if bits == 3:
+    return unpack_triplets(packed, n)
+  return unpack_nibbles(packed, n)
+
+
+def pack_triplets(codes: jax.Array) -> jax.Array:
+  """Packs codes in [0, 8) along the last axis, eight per three uint8."""
+  codes = codes.astype(jnp.uint32)
+  n = codes.shape[-1]
+  groups = -(-n // 8)
+  if not explicit.divides(codes, -1, groups):
+    codes = explicit.replicate_last_axis(codes)
+  if groups * 8 != n:
+    pad = [(0, 0)] * (codes.ndim - 1) + [(0, groups * 8 - n)]
+    codes = jnp.pad(codes, pad)
+  g = codes.reshape(*codes.shape[:-1], groups, 8)
+  word = g[..., 0]
+  for j in range(1, 8):
+    word = word | (g[..., j] << (3 * j))
+  out = jnp.stack([(word >> (8 * k)) & 0xFF for k in range(3)], axis=-1)
+  return out.astype(jnp.uint8).reshape(*codes.shape[:-1], 3 * groups)
+
+
+def unpack_triplets(packed: jax.Array, n: int) -> jax.Array:
+  """Inverse of :func:`pack_triplets`: uint8 codes, last axis ``n`` long."""
+  groups = packed.shape[-1] // 3
+  if not explicit.divides(packed, -1, groups):
+    packed = explicit.replicate_last_axis(packed)
+  b = packed.astype(jnp.uint32).reshape(*packed.shape[:-1], groups, 3)
+  word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+  codes = jnp.stack([(word >> (3 * j)) & 7 for j in range(8)], axis=-1)
+  codes = codes.astype(jnp.uint8).reshape(*packed.shape[:-1], 8 * groups)
+  if codes.shape[-1] != n:
+    codes = codes[..., :n]
+  return codes
 
 
 def pack_nibbles(codes: jax.Array) -> jax.Array:

@@ -15,7 +15,8 @@
 
 Invariants (the sharding contract): ``codes`` has the logical shape, except
 that 4-bit codes are packed two per byte along the last axis (that axis is
-``ceil(n / 2)`` long); ``scale`` has the same rank as the logical array, with
+``ceil(n / 2)`` long) and 3-bit codes eight per three bytes (``3 ceil(n /
+8)``); ``scale`` has the same rank as the logical array, with
 the last axis divided into blocks (``'block'``), reduced to one (``'row'``),
 or every axis reduced to one (``'tensor'``). A parameter's ``PartitionSpec``
 therefore applies to codes and scales unchanged, provided the blocked axis
@@ -379,7 +380,8 @@ def _encode_values(
       return (c + (q + 1)).astype(jnp.uint8)
     return c.astype(fmt.dtype)
   y = jnp.where(jnp.isnan(y), 0, y)
-  return rounding_lib.round_to_table(y, fmt.table, u).astype(jnp.uint8)
+  return rounding_lib.round_to_table(y, fmt.table, u, fmt.space).astype(
+      jnp.uint8)
 
 
 def _decode_values(codes: jax.Array, fmt: Format) -> jax.Array:
@@ -449,7 +451,7 @@ def encode(
     codes = _unblocked(codes, xf)
     scale = jnp.where(has_inf, -scale, scale)
   if fmt.packed:
-    codes = packing.pack_nibbles(codes)
+    codes = packing.pack(codes, fmt.bits)
   if not shape:
     codes = codes.reshape(())
     if scale is not None:
@@ -484,7 +486,7 @@ def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
   flat_shape = shape or (1,)
   codes = q.codes.reshape(-1) if not shape else q.codes
   if q.fmt.packed:
-    codes = packing.unpack_nibbles(codes, flat_shape[-1])
+    codes = packing.unpack(codes, flat_shape[-1], q.fmt.bits)
   y = _decode_values(codes, q.fmt)
   if q.scale is not None:
     scale = q.scale.reshape(1) if not shape else q.scale
@@ -632,7 +634,7 @@ def unchanged_count(old: QArray, new: QArray) -> jax.Array:
   Codes are compared as bit patterns (float codes too: -0 and +0 differ,
   NaN equals itself). Packed 4-bit codes are compared nibble by nibble on
   the packed bytes, without unpacking; the zero pad nibble of an odd last
-  axis is discounted. Returns a float32 scalar.
+  axis is discounted. Packed 3-bit codes are unpacked first. Returns a float32 scalar.
   """
   a, b = old.codes, new.codes
   if jnp.issubdtype(a.dtype, jnp.floating):
@@ -641,6 +643,10 @@ def unchanged_count(old: QArray, new: QArray) -> jax.Array:
     b = jax.lax.bitcast_convert_type(b, uint)
   if not (old.fmt.packed and old.shape):
     return jnp.sum(a == b, dtype=jnp.float32)
+  if old.fmt.bits == 3:
+    n = old.shape[-1]
+    return jnp.sum(packing.unpack(a, n, 3) == packing.unpack(b, n, 3),
+                   dtype=jnp.float32)
   diff = a ^ b
   same = (jnp.sum((diff & jnp.uint8(0x0F)) == 0, dtype=jnp.float32)
           + jnp.sum((diff >> 4) == 0, dtype=jnp.float32))
@@ -654,7 +660,7 @@ def check_qarray(q: QArray) -> None:
     return
   expected = q.shape
   if q.fmt.packed and q.shape:
-    expected = packing.packed_shape(q.shape)
+    expected = packing.packed_shape(q.shape, q.fmt.bits)
   if tuple(q.codes.shape) != tuple(expected):
     raise ValueError(f'codes shape {q.codes.shape} != expected {expected}.')
   if q.scale is not None:

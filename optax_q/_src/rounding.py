@@ -182,14 +182,41 @@ def lookup(table, index: jax.Array) -> jax.Array:
   return table.at[index].get(out_sharding=jax.typeof(index).sharding)
 
 
+def in_space(x, space: str, xp=jnp):
+  """``x`` mapped into a rounding space (float32; ``xp`` is np or jnp).
+
+  ``'linear'``: ``x``; ``'sqrt'``: ``sign(x) sqrt|x|``; ``'log'``:
+  ``log x``; ``'rsqrt'``: ``-1/sqrt(x)`` (increasing, as every map here).
+  """
+  if space == 'linear':
+    return x
+  if space == 'sqrt':
+    return xp.sign(x) * xp.sqrt(xp.abs(x))
+  if space == 'log':
+    return xp.log(x)
+  if space == 'rsqrt':
+    return xp.float32(-1.0) / xp.sqrt(x)
+  raise ValueError(f'Unknown rounding space {space!r}.')
+
+
+def _fraction(x, lo_v, hi_v, space: str, xp=jnp):
+  """Position of ``x`` between ``lo_v`` and ``hi_v``, in ``space``."""
+  x, lo_v, hi_v = (in_space(v, space, xp) for v in (x, lo_v, hi_v))
+  gap = hi_v - lo_v
+  return xp.where(gap > 0, (x - lo_v) / xp.where(gap > 0, gap, 1), 0)
+
+
 def round_to_table(
-    x: jax.Array, table, u: jax.Array | None
+    x: jax.Array, table, u: jax.Array | None, space: str = 'linear'
 ) -> jax.Array:
   """Indices (int32) of ``x`` on a sorted ``table``, nearest or stochastic.
 
   ``x`` is clipped to ``[table[0], table[-1]]`` first. With ``u``, the upper
   of the two bracketing entries is taken with probability
-  ``(x - lo) / (hi - lo)``, so the decoded value is unbiased.
+  ``(x - lo) / (hi - lo)``, so the decoded value is unbiased; with a
+  ``space`` other than ``'linear'`` that fraction (and the midpoint of
+  nearest rounding) is taken after :func:`in_space`, so the rounding is
+  unbiased there instead.
 
   ``table`` given as a tuple of floats (a format's static table) takes a
   fast path with the same results: the index is a step function of ``x``
@@ -198,16 +225,13 @@ def round_to_table(
   the float's bits (larger tables) instead of a binary search.
   """
   if isinstance(table, tuple):
-    return _round_to_static_table(x, table, u)
+    return _round_to_static_table(x, table, u, space)
   n = table.shape[0]
   x = jnp.clip(x, table[0], table[-1])
   # Index of the last entry <= x (binary search over the sorted table).
   lo = jnp.clip(jnp.searchsorted(table, x, side='right', method='scan') - 1,
                 0, n - 2).astype(jnp.int32)
-  lo_v = lookup(table, lo)
-  hi_v = lookup(table, lo + 1)
-  gap = hi_v - lo_v
-  frac = jnp.where(gap > 0, (x - lo_v) / jnp.where(gap > 0, gap, 1.0), 0.0)
+  frac = _fraction(x, lookup(table, lo), lookup(table, lo + 1), space)
   if u is None:
     up = frac > 0.5
   else:
@@ -241,19 +265,17 @@ def _table_floor(x: np.ndarray, t: np.ndarray) -> np.ndarray:
   return np.clip(np.searchsorted(t, x, side='right') - 1, 0, t.size - 2)
 
 
-def _table_nearest(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+def _table_nearest(x: np.ndarray, t: np.ndarray, space: str) -> np.ndarray:
   """Reference nearest index, in float32 arithmetic as the traced search."""
   x = np.asarray(x, np.float32)
   lo = _table_floor(x, t)
-  lo_v, hi_v = t[lo], t[lo + 1]
-  gap = hi_v - lo_v
   with np.errstate(invalid='ignore', divide='ignore'):
-    frac = np.where(gap > 0, (x - lo_v) / np.where(gap > 0, gap, 1), 0)
+    frac = _fraction(x, t[lo], t[lo + 1], space, np)
   return lo + (frac.astype(np.float32) > np.float32(0.5))
 
 
 @functools.cache
-def _table_steps(table: tuple[float, ...], mode: str):
+def _table_steps(table: tuple[float, ...], mode: str, space: str = 'linear'):
   """Exact steps of the index function of ``table`` over its range.
 
   Returns ``(start, thresholds, values)``: the index at ``table[0]``, and
@@ -262,7 +284,10 @@ def _table_steps(table: tuple[float, ...], mode: str):
   found by bisection over the ordered float32 values.
   """
   t = np.asarray(table, np.float32)
-  f = _table_nearest if mode == 'nearest' else _table_floor
+  if mode == 'nearest':
+    f = functools.partial(_table_nearest, space=space)
+  else:
+    f = _table_floor
   code = lambda k: int(f(_from_ordered(np.array([k])), t)[0])
   lo_k, hi_k = int(_ordered(t[:1])[0]), int(_ordered(t[-1:])[0])
   start = code(lo_k)
@@ -286,14 +311,14 @@ def _table_steps(table: tuple[float, ...], mode: str):
 
 
 @functools.cache
-def _bucket_lut(table: tuple[float, ...], mode: str):
+def _bucket_lut(table: tuple[float, ...], mode: str, space: str):
   """Per-bucket (threshold, index below, index from it) for big tables.
 
   A bucket is the sign, the exponent (clamped below at ``elo``) and the top
   ``m`` mantissa bits of a float32; ``m`` grows until every bucket holds at
   most one step of the index function.
   """
-  start, thr, vals = _table_steps(table, mode)
+  start, thr, vals = _table_steps(table, mode, space)
   t = np.asarray(table, np.float32)
   thr_k = _ordered(thr)
   nonzero = np.abs(thr[thr != 0])
@@ -327,19 +352,21 @@ def _bucket_lut(table: tuple[float, ...], mode: str):
   return elo, m, nk, bucket_thr, codes
 
 
-def bucketed(table: tuple[float, ...] | None, mode: str = 'nearest') -> bool:
+def bucketed(table: tuple[float, ...] | None, mode: str = 'nearest',
+             space: str = 'linear') -> bool:
   """Whether a static table is searched by the bucketed lookup (gathers)
   rather than a chain of comparisons (more than ``_CHAIN_MAX_STEPS`` steps
   of its index function)."""
   if not table:
     return False
-  return len(_table_steps(table, mode)[1]) > _CHAIN_MAX_STEPS
+  return len(_table_steps(table, mode, space)[1]) > _CHAIN_MAX_STEPS
 
 
-def _static_index(x: jax.Array, table: tuple[float, ...], mode: str):
+def _static_index(x: jax.Array, table: tuple[float, ...], mode: str,
+                  space: str = 'linear'):
   """The reference index function of ``mode`` at clipped ``x`` (int32)."""
-  if not bucketed(table, mode):
-    start, thr, vals = _table_steps(table, mode)
+  if not bucketed(table, mode, space):
+    start, thr, vals = _table_steps(table, mode, space)
     idx = jnp.full(x.shape, start, jnp.int32)
     prev = start
     for t, v in zip(thr.tolist(), vals.tolist()):
@@ -347,7 +374,7 @@ def _static_index(x: jax.Array, table: tuple[float, ...], mode: str):
                             jnp.int32(0))
       prev = v
     return idx
-  elo, m, nk, bucket_thr, codes = _bucket_lut(table, mode)
+  elo, m, nk, bucket_thr, codes = _bucket_lut(table, mode, space)
   bits = lax.bitcast_convert_type(x, _U32)
   mag = bits & _U32(0x7FFFFFFF)
   k = (jnp.maximum(mag, _U32(elo << 23)) >> (23 - m)) - _U32(elo << m)
@@ -358,11 +385,11 @@ def _static_index(x: jax.Array, table: tuple[float, ...], mode: str):
   return jnp.where(above, c >> 16, c & 0xFFFF)
 
 
-def _round_to_static_table(x, table, u):
+def _round_to_static_table(x, table, u, space):
   t = np.asarray(table, np.float32)
   x = jnp.clip(x, t[0], t[-1])
   if u is None:
-    return _static_index(x, table, 'nearest')
+    return _static_index(x, table, 'nearest', space)
   lo = _static_index(x, table, 'floor')
   if not bucketed(table, 'floor'):
     lo_v = jnp.full(x.shape, t[0], jnp.float32)
@@ -374,6 +401,4 @@ def _round_to_static_table(x, table, u):
   else:
     lo_v = lookup(t, lo)
     hi_v = lookup(t, lo + 1)
-  gap = hi_v - lo_v
-  frac = jnp.where(gap > 0, (x - lo_v) / jnp.where(gap > 0, gap, 1.0), 0.0)
-  return lo + (u < frac).astype(jnp.int32)
+  return lo + (u < _fraction(x, lo_v, hi_v, space)).astype(jnp.int32)
