@@ -172,6 +172,11 @@ def jax_configs() -> list[tuple[str, Callable[[], Any]]]:
       ('int8_dynamic', 'int8_dynamic', 'int8_dynamic'),
       ('fp4_e2m1/fp4_e2m2u', 'fp4_e2m1', 'fp4_e2m2u'),
       ('int4', 'int4', 'int4'),
+      # The low-bit codecs (study_lowbit.py).
+      ('nf4/ue4m0', 'nf4', 'ue4m0'),
+      ('nf4/ue4m0@rsqrt', 'nf4', 'ue4m0@rsqrt'),
+      ('nf4/int4_mulaw', 'nf4', 'int4_mulaw'),
+      ('nf3/ue3m0', 'nf3', 'ue3m0'),
   ]
   for label, mu, nu in formats:
     for rounding in ('nearest', 'stochastic'):
@@ -386,6 +391,10 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument('--only', default='',
                       help='comma-separated substrings; keep matching rows (default: all)')
   parser.add_argument(
+      '--name', default='',
+      help='stem of the result files (default: bench_step, or '
+      'bench_step_quick with --quick)')
+  parser.add_argument(
       '--out', default=os.path.join(_ROOT, 'runs', 'bench_step'),
       help='directory for bench_step.json and .md (default: runs/bench_step; '
       'docs/results for the published ones)')
@@ -482,7 +491,7 @@ def main(argv=None) -> dict[str, Any]:
   )
   os.makedirs(args.out, exist_ok=True)
   # A smoke test never overwrites the documented full-mode results.
-  stem = 'bench_step_quick' if args.quick else 'bench_step'
+  stem = args.name or ('bench_step_quick' if args.quick else 'bench_step')
   with open(os.path.join(args.out, stem + '.json'), 'w') as f:
     json.dump(result, f, indent=2)
     f.write('\n')

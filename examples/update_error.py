@@ -56,7 +56,14 @@ optax_q = _common.optax_q
 
 PAIRS = (('bf16', 'bf16'), ('fp8_e4m3', 'fp8_e4m3'), ('fp8_e5m2', 'fp8_e5m2'),
          ('int8_dynamic', 'int8_dynamic'), ('int8', 'int8'),
-         ('fp4_e2m1', 'fp4_e2m1'), ('int4', 'int4'))
+         ('fp4_e2m1', 'fp4_e2m1'), ('int4', 'int4'),
+         # The low-bit codecs; with an exact first moment, the second
+         # moment's share of the error alone.
+         ('nf4', 'ue4m0'), ('nf4', 'ue4m0@rsqrt'), ('nf4', 'int4_mulaw'),
+         ('nf3', 'ue3m0'), ('fp32', 'fp8_e4m3'), ('fp32', 'fp4_e2m1'),
+         ('fp32', 'ue4m0'), ('fp32', 'ue4m0@rsqrt'), ('fp32', 'ue3m1'),
+         ('fp32', 'int4_mulaw'), ('fp32', 'int4_sqrt'), ('fp32', 'ue3m0'),
+         ('nf4', 'fp32'), ('fp4_e2m1', 'fp32'), ('int4', 'fp32'))
 
 
 def _nu_format(name: str, floor: bool):

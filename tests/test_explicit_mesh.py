@@ -142,15 +142,19 @@ def _codec_reference(mesh_name, fmt, scale, rounding):
 
 # (format, scale mode, rounding): every format and scale mode on the 2x4
 # explicit mesh; on the others, one of each kind of code path (packed 4-bit,
-# a 256-entry codebook, a tensor scale), to keep the compile time down.
+# a 256-entry codebook, a tensor scale, packed 3-bit rounded in a space),
+# to keep the compile time down.
 ALL_CODECS = (
     [(f, None, 'stochastic') for f in (
         'bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1', 'fp4_e2m2u',
         'int8', 'int8_dynamic', 'int4', 'e3m2')]
     + [('int4', 'row', 'nearest'), ('int4', 'tensor', 'stochastic'),
-       ('fp8_e4m3', 'tensor', 'nearest'), ('fp8_e4m3', 'none', 'nearest')])
+       ('fp8_e4m3', 'tensor', 'nearest'), ('fp8_e4m3', 'none', 'nearest'),
+       ('nf4', None, 'stochastic'), ('nf3', 'row', 'nearest'),
+       ('int4_mulaw@sqrt', None, 'stochastic'), ('ue5m3', None, 'nearest')])
 SOME_CODECS = (('int4', None, 'stochastic'), ('int8_dynamic', None, 'nearest'),
-               ('fp8_e4m3', 'tensor', 'stochastic'))
+               ('fp8_e4m3', 'tensor', 'stochastic'),
+               ('ue3m0@rsqrt', None, 'stochastic'))
 
 
 class CodecTest(parameterized.TestCase):

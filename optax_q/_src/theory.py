@@ -76,14 +76,16 @@ _UNSUPPORTED = (
     'int8_dynamic_unsigned',
 )
 _SIMULATED = re.compile(r'^e(\d+)m(\d+)$')
+_UNSIGNED_FLOAT = re.compile(r'^ue(\d+)m(\d+)$')
 SUPPORTED_FORMATS = (
     'bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1', 'fp4_e2m2u', 'fp4',
-    'e{E}m{M}',
+    'e{E}m{M}', 'ue{E}m{M}',
 )
 _SUPPORTED_MSG = (
     'The stall model needs a floating-point format with a mantissa; supported:'
     f' {", ".join(SUPPORTED_FORMATS)} (simulated e{{E}}m{{M}} with'
-    ' 1 <= E <= 8, 0 <= M <= 23), or an object with `name` and an integer'
+    ' 1 <= E <= 8, 0 <= M <= 23; unsigned ue{E}m{M} with E >= 1, 3 <= E +'
+    ' M <= 8), or an object with `name` and an integer'
     ' `mantissa_bits` in [0, 23]. fp32, int8, int4 and int8_dynamic are not'
     ' described.')
 
@@ -173,6 +175,10 @@ def _mantissa_bits(fmt: Any) -> int:
       ebits, mbits = int(m.group(1)), int(m.group(2))
       if 1 <= ebits <= 8 and 0 <= mbits <= 23:
         return mbits
+    m = _UNSIGNED_FLOAT.match(key)
+    if m and int(m.group(1)) >= 1 and 3 <= int(m.group(1)) + int(
+        m.group(2)) <= 8:
+      return int(m.group(2))  # A power-of-two grid with M mantissa bits.
     if key in _UNSUPPORTED:
       raise ValueError(
           f'fmt={fmt!r} has no mantissa grid the stall model can describe. '
