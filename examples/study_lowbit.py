@@ -121,9 +121,9 @@ def _roundtrip(x, fmt, rounding, nonnegative):
   return optax_q.dequantize(q), 8 * q.nbytes / x.size, fmt.name
 
 
-def codec_error(seed: int = 0):
+def codec_error(seed: int = 0, shape=(256, 1024)):
   """Rows of codec error for every first- and second-moment format."""
-  first, second, (m, v) = synthetic_moments(seed)
+  first, second, (m, v) = synthetic_moments(seed, shape)
   direction = m / (jnp.sqrt(v) + EPS)
   rows = []
   for rounding in ('nearest', 'stochastic'):
@@ -392,6 +392,9 @@ def make_parser():
                       help='training steps of each run')
   parser.add_argument('--only', nargs='*', default=None,
                       help='train only these configurations (fp32 always)')
+  parser.add_argument('--codec-shape', type=int, nargs=2, default=[256, 1024],
+                      help='shape of the synthetic moments of the codec '
+                      'error table')
   _common.add_out_argument(parser, __file__)
   parser.add_argument('--render', action='store_true',
                       help='only re-write lowbit.{json,md,png} from the '
@@ -410,10 +413,11 @@ def main(argv=None):
   t0 = time.perf_counter()
   meta = dict(command=_common.command_line(__file__, argv),
               git_revision=_common.git_revision(), date=_common.now_utc(),
-              machine=_common.machine(), seeds=args.seeds, steps=args.steps)
+              machine=_common.machine(), seeds=args.seeds, steps=args.steps,
+              codec_shape=args.codec_shape)
   configs = [c for c in CONFIGS
              if args.only is None or c[0] == 'fp32' or c[0] in args.only]
-  codec = codec_error()
+  codec = codec_error(shape=tuple(args.codec_shape))
   rows = teacher_student(args.seeds, args.steps, configs)
   summary = summarize(rows)
   meta['seconds'] = time.perf_counter() - t0

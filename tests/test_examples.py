@@ -49,13 +49,14 @@ import bench_step  # noqa: E402
 import demo  # noqa: E402
 import profile_step  # noqa: E402
 import staleness_simulation  # noqa: E402
+import study_lowbit  # noqa: E402
 import study_precision  # noqa: E402
 import study_staleness  # noqa: E402
 import update_error  # noqa: E402
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 SCRIPTS = (bench_step, demo, profile_step, staleness_simulation,
-           study_precision, study_staleness, update_error)
+           study_lowbit, study_precision, study_staleness, update_error)
 
 # The same model and schedule for both scripts: compiled steps are shared.
 TINY = ['--d-model', '32', '--num-layers', '1', '--num-heads', '2',
@@ -357,6 +358,31 @@ class StalenessRenderTest(_DocsUnchanged):
                      (results / 'staleness_sim.md').read_text())
     self.assertIn('![Stored v over time](staleness_sim_tracking.png)',
                   (self.out / 'staleness_sim.md').read_text())
+
+
+class StudyLowbitTest(_DocsUnchanged):
+
+  def test_writes_its_files_and_recommends(self):
+    result, _ = _quiet(study_lowbit.main, [
+        '--seeds', '0', '--steps', '3', '--codec-shape', '4', '256',
+        '--only', 'nf4 + ue4m0', 'nf3 + int3_mulaw', '--out', str(self.out)])
+    self.assert_wrote('lowbit.json', 'lowbit.md', 'lowbit.png')
+    self.assertEqual(result['recommended_4bit']['adamw_kwargs']['mu_format'],
+                     'nf4')
+    self.assertEqual(result['recommended_3bit']['bits'], 3.25)
+    json.loads((self.out / 'lowbit.json').read_text())  # Strict JSON.
+
+  def test_published_page_is_its_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    shutil.copy(results / 'lowbit.json', self.out / 'lowbit.json')
+    _quiet(study_lowbit.main, ['--render', '--out', str(self.out)])
+    self.assert_wrote('lowbit.md', 'lowbit.png')
+    self.assertEqual((self.out / 'lowbit.md').read_text(),
+                     (results / 'lowbit.md').read_text())
+    published = json.loads((results / 'lowbit.json').read_text())
+    for key in ('recommended_4bit', 'recommended_3bit'):
+      kwargs = published[key]['adamw_kwargs']
+      optax_q.adamw(1e-3, **kwargs)  # The exact keyword arguments.
 
 
 class ProfileStepTest(_DocsUnchanged):
