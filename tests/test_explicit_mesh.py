@@ -154,7 +154,8 @@ ALL_CODECS = (
        ('int4_mulaw@sqrt', None, 'stochastic'), ('ue5m3', None, 'nearest')])
 SOME_CODECS = (('int4', None, 'stochastic'), ('int8_dynamic', None, 'nearest'),
                ('fp8_e4m3', 'tensor', 'stochastic'),
-               ('ue3m0@rsqrt', None, 'stochastic'))
+               ('ue3m0@rsqrt', None, 'stochastic'),
+               ('nf4', 'block_pow2', 'stochastic'))
 
 
 class CodecTest(parameterized.TestCase):

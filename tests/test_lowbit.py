@@ -195,6 +195,59 @@ class RoundingSpaceTest(parameterized.TestCase):
     self.assertTrue(np.all(np.isfinite(nan[2:])))
 
 
+class PowerOfTwoScaleTest(parameterized.TestCase):
+
+  @parameterized.parameters('fp8_e4m3', 'nf4', 'ue4m0', 'int4', 'int8_dynamic',
+                            'nf3', 'e3m2')
+  def test_smallest_power_of_two(self, name):
+    fmt = optax_q.get_format(name)
+    rng = np.random.default_rng(0)
+    x = np.exp(rng.normal(0, 20, (64, 1))) * rng.normal(0, 1, (64, 256))
+    x = np.abs(x) if not fmt.signed else x
+    x = jnp.asarray(np.clip(x, -1e37, 1e37), jnp.float32)
+    q = optax_q.quantize(x, fmt, scale_mode='block_pow2')
+    self.assertEqual(q.scale.dtype, jnp.uint8)
+    self.assertEqual(q.scale.shape, (64, 2))
+    e = np.asarray(q.scale, np.float64) - 127
+    absmax = np.abs(np.asarray(x, np.float64)).reshape(64, 2, 128).max(-1)
+    target = qarray.scale_target(fmt)
+    inside = absmax >= 2.0**-100  # Away from the clipped exponents.
+    self.assertTrue(np.all((target * 2**e >= absmax)[inside]))
+    self.assertTrue(np.all((target * 2**(e - 1) < absmax)[inside]))
+    y = np.asarray(optax_q.dequantize(q))
+    self.assertTrue(np.all(np.isfinite(y)))
+
+  def test_bits_and_error_next_to_float32_scales(self):
+    x = jax.random.normal(jax.random.key(0), (256, 1024))
+    for name in ('nf4', 'fp8_e4m3'):
+      f32 = optax_q.quantize(x, name)
+      pow2 = optax_q.quantize(x, name, scale_mode='block_pow2')
+      self.assertEqual(8 * pow2.nbytes / x.size,
+                       8 * f32.nbytes / x.size - 32 / 128 + 8 / 128)
+      err = lambda q: float(jnp.linalg.norm(optax_q.dequantize(q) - x))
+      # At most one binade of the grid is left unused.
+      self.assertLess(err(pow2), 1.5 * err(f32))
+
+  @parameterized.parameters('ue4m0', 'fp8_e4m3', 'nf3')
+  def test_special_blocks(self, name):
+    x = jnp.array([[0.0, 0.0], [1.0, jnp.inf], [jnp.nan, 1.0],
+                   [3e38, 1.0], [2.0, 1e-30]])
+    q = optax_q.quantize(x, name, scale_mode='block_pow2', block_size=2,
+                         rounding='stochastic')
+    np.testing.assert_array_equal(np.asarray(q.scale)[:3, 0], [0, 255, 255])
+    y = np.asarray(optax_q.dequantize(q))
+    np.testing.assert_array_equal(y[0], 0.0)  # Without a zero code too.
+    self.assertTrue(np.all(np.isnan(y[1:3])))
+    self.assertTrue(np.all(np.isfinite(y[3:])))
+
+  def test_checkpoint_keys_name_the_mode(self):
+    q = optax_q.quantize(jnp.ones((2, 256)), 'nf4', scale_mode='block_pow2')
+    keys = [jax.tree_util.keystr(k) for k, _ in
+            jax.tree_util.tree_flatten_with_path(q)[0]]
+    self.assertEqual(keys, ['.codes:nf4:block_pow2:128',
+                            '.scale:nf4:block_pow2:128'])
+
+
 class BadNameTest(parameterized.TestCase):
 
   @parameterized.parameters(

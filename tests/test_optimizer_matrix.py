@@ -82,9 +82,9 @@ def _adam_state(fp32: bool) -> dict[str, str]:
   return {'mu': fmt, 'nu': fmt}
 
 
-def _codecs(name, mu, nu):
+def _codecs(name, mu, nu, **extra):
   """AdamW with the low-bit codecs (3- and 4-bit packed codes)."""
-  kw = dict(mu_format=mu, nu_format=nu, rounding='stochastic')
+  kw = dict(mu_format=mu, nu_format=nu, rounding='stochastic', **extra)
   return Case(
       name, lambda fp32: optax_q.adamw(
           LR, **(_moments(fp32, 'mu_format', 'nu_format') if fp32 else kw),
@@ -96,6 +96,7 @@ CASES = (
     _codecs('adamw_nf4_ue4m0_rsqrt', 'nf4', 'ue4m0@rsqrt'),
     _codecs('adamw_nf3_ue3m0', 'nf3', 'ue3m0'),
     _codecs('adamw_companded', 'int4_softsign', 'int4_mulaw'),
+    _codecs('adamw_pow2_scales', 'nf4', 'ue4m0', scale_mode='block_pow2'),
     _drop_in('adam', optax_q.adam, lambda: optax.adam(LR),
              ('mu_format', 'nu_format')),
     _drop_in('adamw', optax_q.adamw, lambda: optax.adamw(LR),

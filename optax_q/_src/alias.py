@@ -103,6 +103,7 @@ def adamw(
     block_size: int | None = None,
     seed: int | None = None,
     min_size: int | None = None,
+    scale_mode: str | None = None,
     reset_every: Periods = None,
     nesterov: bool = False,
     track_stalls: bool = False,
@@ -132,6 +133,11 @@ def adamw(
     seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``;
       None: 0.
     min_size: Leaves with fewer elements keep float32 state; None: 4096.
+    scale_mode: None (the formats' default: ``'block'`` float32 scales for
+      narrow grids), or ``'block'``, ``'block_pow2'`` (shared power-of-two
+      scales, one byte per block as OCP MX: 4.06 bits per element for a
+      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'none'``; see
+      :func:`quantize_state`.
     reset_every: ``None`` (no resets), a positive int period for both
       moments, ``'auto'`` (the stall model's ``K*`` for ``nu_format`` and
       ``b2``, see :func:`reset_period`), ``'adaptive'`` (reset both moments
@@ -178,7 +184,7 @@ def adamw(
       _adam_moments(
           learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
           nu_format=nu_format, rounding=rounding, block_size=block_size,
-          seed=seed, min_size=min_size, reset_every=reset_every,
+          seed=seed, min_size=min_size, scale_mode=scale_mode, reset_every=reset_every,
           nesterov=nesterov, track_stalls=track_stalls),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
@@ -198,6 +204,7 @@ def adam(
     block_size: int | None = None,
     seed: int | None = None,
     min_size: int | None = None,
+    scale_mode: str | None = None,
     reset_every: Periods = None,
     nesterov: bool = False,
     track_stalls: bool = False,
@@ -220,6 +227,11 @@ def adam(
     block_size: Elements per scale along the last axis; None: 128.
     seed: Seed of the stochastic rounding; None: 0.
     min_size: Leaves with fewer elements keep float32 state; None: 4096.
+    scale_mode: None (the formats' default: ``'block'`` float32 scales for
+      narrow grids), or ``'block'``, ``'block_pow2'`` (shared power-of-two
+      scales, one byte per block as OCP MX: 4.06 bits per element for a
+      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'none'``; see
+      :func:`quantize_state`.
     reset_every: Moment resets, as for :func:`adamw`.
     nesterov: Nesterov momentum, as in ``optax.adam``.
     track_stalls: Record each quantized leaf's stalled fraction, as for
@@ -252,7 +264,7 @@ def adam(
       _adam_moments(
           learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
           nu_format=nu_format, rounding=rounding, block_size=block_size,
-          seed=seed, min_size=min_size, reset_every=reset_every,
+          seed=seed, min_size=min_size, scale_mode=scale_mode, reset_every=reset_every,
           nesterov=nesterov, track_stalls=track_stalls),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -270,6 +282,7 @@ def lion(
     block_size: int | None = None,
     seed: int | None = None,
     min_size: int | None = None,
+    scale_mode: str | None = None,
     track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """Lion with its momentum stored in low precision.
@@ -288,6 +301,11 @@ def lion(
     block_size: Elements per scale along the last axis; None: 128.
     seed: Seed of the stochastic rounding; None: 0.
     min_size: Leaves with fewer elements keep float32 state; None: 4096.
+    scale_mode: None (the formats' default: ``'block'`` float32 scales for
+      narrow grids), or ``'block'``, ``'block_pow2'`` (shared power-of-two
+      scales, one byte per block as OCP MX: 4.06 bits per element for a
+      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'none'``; see
+      :func:`quantize_state`.
     track_stalls: Record each quantized leaf's stalled fraction, as for
       :func:`adamw`.
 
@@ -317,7 +335,7 @@ def lion(
   formats = _moment_formats({'mu_format': ('mu', mu_format)})
   return optax.chain(
       _wrap(optax.scale_by_lion(b1=b1, b2=b2), formats, rounding=rounding,
-            block_size=block_size, seed=seed, min_size=min_size,
+            block_size=block_size, seed=seed, min_size=min_size, scale_mode=scale_mode,
             track_stalls=track_stalls),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
@@ -334,6 +352,7 @@ def sgd(
     block_size: int | None = None,
     seed: int | None = None,
     min_size: int | None = None,
+    scale_mode: str | None = None,
     track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """SGD with momentum (the ``trace``) stored in low precision.
@@ -350,6 +369,11 @@ def sgd(
     block_size: Elements per scale along the last axis; None: 128.
     seed: Seed of the stochastic rounding; None: 0.
     min_size: Leaves with fewer elements keep float32 state; None: 4096.
+    scale_mode: None (the formats' default: ``'block'`` float32 scales for
+      narrow grids), or ``'block'``, ``'block_pow2'`` (shared power-of-two
+      scales, one byte per block as OCP MX: 4.06 bits per element for a
+      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'none'``; see
+      :func:`quantize_state`.
     track_stalls: Record each quantized leaf's stalled fraction, as for
       :func:`adamw`.
 
@@ -377,7 +401,7 @@ def sgd(
   nesterov = validation.check_bool(nesterov, 'nesterov')
   formats = _moment_formats({'mu_format': ('trace', mu_format)})
   storage = dict(rounding=rounding, block_size=block_size, seed=seed,
-                 min_size=min_size, track_stalls=track_stalls)
+                 min_size=min_size, scale_mode=scale_mode, track_stalls=track_stalls)
   if momentum is None:  # No state to store, but the arguments still count.
     transform.StorageConfig(formats=formats, **storage)
     return optax.chain(optax.identity(),

@@ -38,6 +38,13 @@ Finite inputs never decode to a non-finite value: they saturate to the
 format's largest value, scales are rounded so that the largest code times
 the scale never overflows, and an all-zero block decodes to exact zeros.
 
+Shared power-of-two scales (``scale_mode='block_pow2'``) store each block's
+scale as one byte, the OCP MX E8M0 exponent: the smallest power of two that
+maps the block's absolute maximum into the grid, so values are scaled
+exactly. Byte 0 marks an all-zero block, 255 a block holding a NaN or an
+infinity, which decodes to NaN as a whole (there is no sign bit to flag an
+infinity with).
+
 Scale arithmetic is one explicit sequence of float32 operations whatever the
 shape: the scale is the block maximum times the host-computed reciprocal of
 the grid's target (rounded down), and values are multiplied by the scale's
@@ -70,6 +77,8 @@ from optax_q._src import rounding as rounding_lib
 from optax_q._src import validation
 
 Format = formats_lib.Format
+# Scale modes with one scale per block of ``block_size`` along the last axis.
+BLOCK_MODES = ('block', 'block_pow2')
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -118,7 +127,7 @@ class QArray:
 def layout_tag(q: QArray) -> str:
   """``'<format>:<scale mode>[:<block size>]'``, e.g. ``'int4:block:128'``."""
   tag = f'{q.fmt.name}:{q.scale_mode}'
-  return f'{tag}:{q.block_size}' if q.scale_mode == 'block' else tag
+  return f'{tag}:{q.block_size}' if q.scale_mode in BLOCK_MODES else tag
 
 
 def _aux(q: QArray) -> tuple[Any, ...]:
@@ -430,26 +439,8 @@ def encode(
     codes = _encode_values(xf, fmt, u)
     scale = None
   else:
-    xb = _blocked(xf, scale_mode, block_size)
-    is_inf = jnp.isinf(xb)
-    # The scale follows the finite values (NaN propagates into it); an
-    # infinity takes the grid's end code of its sign, and its block's
-    # scale is stored negated (sign bit set) to say so.
-    absmax = jnp.max(jnp.where(is_inf, 0.0, jnp.abs(xb)), axis=-1,
-                     initial=0.0)
-    has_inf = jnp.any(is_inf, axis=-1)
-    _, _, inner = grid_extremes(fmt)
-    target = jnp.where(has_inf, jnp.float32(inner),
-                       jnp.float32(scale_target(fmt)))
-    scale = block_scale(absmax, target)
-    u = (None if key is None
-         else rounding_lib.uniform(key, xb.shape, **sr_rows))
-    y = apply_inverse_scale(xb, scale)
-    end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
-    y = jnp.where(is_inf, jnp.copysign(end, xb), y)
-    codes = _encode_values(y, fmt, u, positive=xb > 0)
-    codes = _unblocked(codes, xf)
-    scale = jnp.where(has_inf, -scale, scale)
+    codes, scale = _encode_scaled(xf, fmt, scale_mode, block_size, key,
+                                  sr_rows)
   if fmt.packed:
     codes = packing.pack(codes, fmt.bits)
   if not shape:
@@ -457,7 +448,85 @@ def encode(
     if scale is not None:
       scale = scale.reshape(())
   return QArray(codes, scale, fmt, shape, dtype, scale_mode,
-                block_size if scale_mode == 'block' else 0)
+                block_size if scale_mode in BLOCK_MODES else 0)
+
+
+def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
+  """Unpacked codes and stored scales of float32 ``xf`` (rank >= 1)."""
+  xb = _blocked(xf, scale_mode, block_size)
+  is_inf = jnp.isinf(xb)
+  # The scale follows the finite values (NaN propagates into it); an
+  # infinity takes the grid's end code of its sign, and its block's
+  # scale is stored negated (sign bit set) to say so.
+  absmax = jnp.max(jnp.where(is_inf, 0.0, jnp.abs(xb)), axis=-1,
+                   initial=0.0)
+  has_inf = jnp.any(is_inf, axis=-1)
+  _, _, inner = grid_extremes(fmt)
+  target = jnp.where(has_inf, jnp.float32(inner),
+                     jnp.float32(scale_target(fmt)))
+  u = (None if key is None
+       else rounding_lib.uniform(key, xb.shape, **sr_rows))
+  if scale_mode == 'block_pow2':
+    stored = pow2_scale(absmax, target, has_inf)
+    y = scale_by_exponent(xb, stored, inverse=True)
+  else:
+    scale = block_scale(absmax, target)
+    y = apply_inverse_scale(xb, scale)
+    stored = jnp.where(has_inf, -scale, scale)
+  end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
+  y = jnp.where(is_inf, jnp.copysign(end, xb), y)
+  codes = _encode_values(y, fmt, u, positive=xb > 0)
+  return _unblocked(codes, xf), stored
+
+
+# Shared power-of-two scales (``'block_pow2'``), one byte per block as the
+# OCP MX E8M0 scale: code ``c`` in [1, 254] is the scale ``2**(c - 127)``,
+# 0 an all-zero block, 255 a block holding a NaN or an infinity.
+_E8M0_BIAS = 127
+_E8M0_NAN = 255
+
+
+def pow2_scale(absmax: jax.Array, target: jax.Array,
+               has_inf: jax.Array) -> jax.Array:
+  """uint8 codes of the smallest ``2**e >= absmax / target``.
+
+  Exact, and free of subnormal intermediates (which CPUs flush to zero):
+  with ``absmax = a 2**ka`` and ``target = t 2**kt`` (``frexp``), ``e`` lies
+  in ``[ka - kt - 1, ka - kt + 1]``; starting from the lowest, it is raised
+  while ``target * 2**e`` (a product by a power of two) falls short of
+  ``absmax``. Exponents are clipped to [-126, 127], so a grid whose largest
+  value is below 2 saturates blocks above ``2**127`` (1.7e38), and values
+  of blocks below ``2**-126`` times the target round on a coarser grid.
+  """
+  _, ka = jnp.frexp(absmax)
+  _, kt = jnp.frexp(target * jnp.ones_like(absmax))
+  e = jnp.clip(ka - kt - 1, -126, 127)
+  for _ in range(2):
+    short = _times_pow2(target * jnp.ones_like(absmax), e) < absmax
+    e = jnp.clip(jnp.where(short, e + 1, e), -126, 127)
+  code = (e + _E8M0_BIAS).astype(jnp.uint8)
+  code = jnp.where(absmax == 0, jnp.uint8(0), code)
+  bad = has_inf | jnp.isnan(absmax)
+  return jnp.where(bad, jnp.uint8(_E8M0_NAN), code)
+
+
+def _times_pow2(x: jax.Array, e: jax.Array) -> jax.Array:
+  """``x * 2**e`` for |e| <= 127 in two exact products (no factor is a
+  subnormal, which CPUs flush to zero)."""
+  half = e // 2
+  one = jnp.float32(1.0)
+  return (x * jnp.ldexp(one, half)) * jnp.ldexp(one, e - half)
+
+
+def scale_by_exponent(yb: jax.Array, code: jax.Array, *,
+                      inverse: bool = False) -> jax.Array:
+  """Blocked values times (or over) their E8M0 scales: zero blocks give
+  zeros (decoding) or stay as they are (encoding), NaN blocks NaN."""
+  e = code.astype(jnp.int32) - _E8M0_BIAS
+  out = _times_pow2(yb, (-e if inverse else e)[..., None])
+  if not inverse:
+    out = jnp.where((code == 0)[..., None], jnp.float32(0), out)
+  return jnp.where((code == _E8M0_NAN)[..., None], jnp.float32(jnp.nan), out)
 
 
 def encode_like(
@@ -488,7 +557,11 @@ def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
   if q.fmt.packed:
     codes = packing.unpack(codes, flat_shape[-1], q.fmt.bits)
   y = _decode_values(codes, q.fmt)
-  if q.scale is not None:
+  if q.scale is not None and q.scale_mode == 'block_pow2':
+    scale = q.scale.reshape(1) if not shape else q.scale
+    yb = _blocked(y, q.scale_mode, q.block_size)
+    y = _unblocked(scale_by_exponent(yb, scale), y)
+  elif q.scale is not None:
     scale = q.scale.reshape(1) if not shape else q.scale
     yb = _blocked(y, q.scale_mode, q.block_size)
     magnitude = jnp.abs(scale)[..., None]
@@ -532,7 +605,9 @@ def quantize(
     x: The array to quantize (any float dtype; scalars and empty arrays are
       fine).
     fmt: A format name or :class:`Format` (see :func:`get_format`).
-    scale_mode: ``'none'``, ``'tensor'``, ``'row'`` or ``'block'``; the
+    scale_mode: ``'none'``, ``'tensor'``, ``'row'``, ``'block'`` or
+      ``'block_pow2'`` (a power-of-two scale per block in one byte, as the
+      OCP MX E8M0 scale; a block with an infinity or NaN decodes to NaN); the
       default is ``'block'`` for formats with a narrow range (fp8, fp4, int,
       dynamic, simulated formats with fewer than 8 exponent bits) and
       ``'none'`` for ``fp32``, ``bf16`` and ``fp16``.

@@ -886,6 +886,7 @@ def adam_with_resets(
     block_size: int | None = None,
     seed: int | None = None,
     min_size: int | None = None,
+    scale_mode: str | None = None,
     decay: float | None = None,
     s0: float = 0.6,
     track_stalls: bool = False,
@@ -924,6 +925,8 @@ def adam_with_resets(
     seed: Seed of the stochastic rounding (None: 0).
     min_size: Leaves with fewer elements keep float32 state (they are still
       reset with the rest).
+    scale_mode: How quantized leaves are scaled; None: by format (see
+      :func:`quantize_state`).
     decay: :math:`\beta` of the adaptive rule; ``b2`` by default.
     s0: Staleness tolerance of the adaptive rule.
     track_stalls: Record per-leaf stalled fractions for
@@ -967,5 +970,6 @@ def adam_with_resets(
       scale_by_adam_local_age(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                               nesterov=nesterov),
       formats, rounding=rounding, block_size=block_size, seed=seed,
-      min_size=min_size, elementwise=True, track_stalls=track_stalls)
+      min_size=min_size, scale_mode=scale_mode, elementwise=True,
+      track_stalls=track_stalls)
   return reset_state(inner, periods, decay=decay, s0=s0, groups=groups)

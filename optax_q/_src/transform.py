@@ -162,8 +162,8 @@ class StorageConfig:
     seed: Seed of the stochastic rounding.
     min_size: Leaves with fewer elements stay unquantized.
     block_size: Elements per scale along the last axis.
-    scale_mode: ``'block'``, ``'row'``, ``'tensor'``, ``'none'`` or None
-      (by format).
+    scale_mode: ``'block'``, ``'block_pow2'``, ``'row'``, ``'tensor'``,
+      ``'none'`` or None (by format).
     track_stalls: Whether the state keeps per-leaf stalled fractions.
     elementwise: Whether the inner transform is elementwise (see
       :func:`quantize_state`).
@@ -437,9 +437,12 @@ def quantize_state(
       bitsandbytes).
     block_size: Elements per scale along the last axis for block scaling,
       an even int in ``[2, 2**20]``; None: 128.
-    scale_mode: ``'block'``, ``'row'``, ``'tensor'`` or ``'none'``; the
-      default is ``'block'`` for formats with a narrow range and ``'none'``
-      for ``bf16`` and ``fp16``.
+    scale_mode: ``'block'``, ``'block_pow2'``, ``'row'``, ``'tensor'`` or
+      ``'none'``; the default is ``'block'`` for formats with a narrow range
+      and ``'none'`` for ``bf16`` and ``fp16``. ``'block_pow2'`` stores each
+      block's scale as a power of two in one byte (the OCP MX E8M0 scale:
+      4.06 bits per element for a 4-bit state at block 128 instead of
+      4.25); a block holding an infinity or a NaN then decodes to NaN.
     track_stalls: Keep the per-leaf stalled fraction of the last step in the
       state (one float32 scalar per quantized leaf).
     elementwise: Declares that ``inner`` is elementwise: each parameter's

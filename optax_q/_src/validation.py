@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 ROUNDING_MODES = ('nearest', 'stochastic')
-SCALE_MODES = ('none', 'tensor', 'row', 'block')
+SCALE_MODES = ('none', 'tensor', 'row', 'block', 'block_pow2')
 # Stochastic-rounding seeds, steps and streams are hashed as uint32.
 UINT32_MAX = 2**32 - 1
 # A larger block pads every row to it: 2**40 would allocate terabytes.
@@ -98,7 +98,8 @@ def check_rounding(rounding: Any, name: str = 'rounding') -> str:
 
 
 def check_scale(scale: Any, name: str = 'scale_mode') -> str:
-  """A scale mode: ``'none'``, ``'tensor'``, ``'row'`` or ``'block'``."""
+  """A scale mode: ``'none'``, ``'tensor'``, ``'row'``, ``'block'`` or
+  ``'block_pow2'``."""
   return check_choice(scale, name, SCALE_MODES)
 
 
