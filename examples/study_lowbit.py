@@ -53,14 +53,18 @@ import optax_q
 
 BLOCK = 128
 EPS = 1e-8
-FIRST = ('int4', 'fp4_e2m1', 'nf4', 'int4_sqrt', 'int4_softsign',
-         'int4_mulaw', 'nf3', 'int3_sqrt', 'int3_softsign', 'fp8_e4m3',
-         'int8_dynamic')
+# A name ending in ' pow2' uses shared power-of-two scales (one byte per
+# block) instead of float32 ones.
+FIRST = ('int4', 'fp4_e2m1', 'nf4', 'nf4 pow2', 'int4_sqrt', 'int4_softsign',
+         'int4_mulaw', 'nf3', 'nf3 pow2', 'int3_sqrt', 'int3_softsign',
+         'fp8_e4m3', 'fp8_e4m3 pow2', 'int8_dynamic')
 SECOND = ('int4', 'fp4_e2m1', 'ue4m0', 'ue4m0@rsqrt', 'ue4m0@log', 'ue3m1',
           'ue3m1@rsqrt', 'int4_sqrt', 'int4_mulaw', 'int4_softsign',
-          'ue3m0', 'ue3m0@rsqrt', 'ue2m1', 'int3_sqrt', 'int3_mulaw',
-          'fp8_e4m3', 'int8_dynamic')
-# (name, mu format, nu format, resets). Resets 'model': both moments every
+          'ue4m0 pow2', 'int4_mulaw pow2', 'ue3m0', 'ue3m0@rsqrt', 'ue2m1',
+          'int3_sqrt', 'int3_mulaw', 'int3_mulaw pow2', 'fp8_e4m3',
+          'int8_dynamic')
+# (name, mu format, nu format, resets[, scale mode]). Resets 'model': both
+# moments every
 # K* steps of the stall model for the second moment's grid (rounded
 # linearly), resolved to an int before the run.
 CONFIGS = (
@@ -85,6 +89,11 @@ CONFIGS = (
     ('nf3 + int3_mulaw', 'nf3', 'int3_mulaw', None),
     ('int3_softsign + ue3m0@rsqrt', 'int3_softsign', 'ue3m0@rsqrt', None),
     ('nf3 + ue3m0@rsqrt, resets', 'nf3', 'ue3m0@rsqrt', 'model'),
+    ('nf4 + ue4m0, pow2 scales', 'nf4', 'ue4m0', None, 'block_pow2'),
+    ('nf4 + int4_mulaw, pow2 scales', 'nf4', 'int4_mulaw', None,
+     'block_pow2'),
+    ('nf3 + int3_mulaw, pow2 scales', 'nf3', 'int3_mulaw', None,
+     'block_pow2'),
 )
 BUDGETS = {'recommended_4bit': 4.25, 'recommended_3bit': 3.3}
 
@@ -115,10 +124,13 @@ def _rel(a, b):
 
 
 def _roundtrip(x, fmt, rounding, nonnegative):
+  fmt, _, pow2 = fmt.partition(' ')
   fmt = optax_q.unsigned_variant(fmt) if nonnegative else optax_q.get_format(
       fmt)
-  q = optax_q.quantize(x, fmt, block_size=BLOCK, rounding=rounding, seed=1)
-  return optax_q.dequantize(q), 8 * q.nbytes / x.size, fmt.name
+  q = optax_q.quantize(x, fmt, block_size=BLOCK, rounding=rounding, seed=1,
+                       scale_mode='block_pow2' if pow2 else 'block')
+  return (optax_q.dequantize(q), 8 * q.nbytes / x.size,
+          fmt.name + (' pow2' if pow2 else ''))
 
 
 def codec_error(seed: int = 0, shape=(256, 1024)):
@@ -179,13 +191,14 @@ def teacher_student_problem(seed: int, batch: int = 1024):
   return _init(ks, (64, 256, 256, 10)), loss
 
 
-def make_optimizer(mu, nu, resets, *, seed):
+def make_optimizer(mu, nu, resets, *, seed, scale_mode=None):
   lr = optax.linear_schedule(0.0, 1e-3, 100)
   kw = dict(b1=0.9, b2=0.999, eps=EPS, weight_decay=0.01)
   if mu is None:
     return optax.adamw(lr, **kw)
   return optax_q.adamw(lr, **kw, mu_format=mu, nu_format=nu,
-                       rounding='stochastic', seed=seed, reset_every=resets)
+                       rounding='stochastic', seed=seed, reset_every=resets,
+                       scale_mode=scale_mode)
 
 
 def resolve_resets(nu, resets):
@@ -194,9 +207,9 @@ def resolve_resets(nu, resets):
   return resets
 
 
-def train_teacher_student(mu, nu, resets, seed, steps):
+def train_teacher_student(mu, nu, resets, seed, steps, scale_mode=None):
   params, loss = teacher_student_problem(seed)
-  tx = make_optimizer(mu, nu, resets, seed=seed)
+  tx = make_optimizer(mu, nu, resets, seed=seed, scale_mode=scale_mode)
   state = tx.init(params)
 
   @jax.jit
@@ -220,12 +233,14 @@ def train_teacher_student(mu, nu, resets, seed, steps):
 def teacher_student(seeds, steps, configs=CONFIGS, log=print):
   rows = []
   for seed in seeds:
-    for name, mu, nu, resets in configs:
+    for name, mu, nu, resets, *scale in configs:
       t0 = time.perf_counter()
       resets = resolve_resets(nu, resets)
+      scale_mode = scale[0] if scale else None
       row = dict(config=name, mu_format=mu, nu_format=nu, reset_every=resets,
-                 seed=seed, **train_teacher_student(mu, nu, resets, seed,
-                                                    steps))
+                 scale_mode=scale_mode, seed=seed,
+                 **train_teacher_student(mu, nu, resets, seed, steps,
+                                         scale_mode))
       row['seconds'] = round(time.perf_counter() - t0, 1)
       rows.append(row)
       log(f'{name:32s} seed {seed}: loss {row["final_loss"]:.3e}, '
@@ -241,6 +256,7 @@ def summarize(rows):
     s = out.setdefault(r['config'], dict(
         config=r['config'], mu_format=r['mu_format'],
         nu_format=r['nu_format'], reset_every=r['reset_every'],
+        scale_mode=r.get('scale_mode'),
         bits=r['quantized_bits_per_element'],
         all_bits=r['state_bits_per_element'], losses=[], ratios=[]))
     s['losses'].append(r['final_loss'])
@@ -267,6 +283,8 @@ def recommend(summary):
                     rounding='stochastic')
       if best['reset_every'] is not None:
         kwargs['reset_every'] = best['reset_every']
+      if best.get('scale_mode'):
+        kwargs['scale_mode'] = best['scale_mode']
       rec[key] = dict(adamw_kwargs=kwargs, config=best['config'],
                       ratio=best['ratio'], bits=best['bits'])
   return rec
