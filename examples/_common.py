@@ -551,3 +551,27 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
       for i, (c, w) in enumerate(zip(r, widths)))
   rule = '-' * len(fmt(cells[0]))
   return '\n'.join([fmt(cells[0]), rule] + [fmt(r) for r in cells[1:]])
+
+
+def torch_state_bytes(opt) -> int:
+  """Bytes of every distinct tensor buffer in a torch optimizer's state."""
+  import torch  # pylint: disable=g-import-not-at-top
+  seen, total = set(), 0
+
+  def add(t):
+    nonlocal total
+    if hasattr(t, '__tensor_flatten__') and type(t) is not torch.Tensor:
+      names, _ = t.__tensor_flatten__()
+      for n in names:
+        add(getattr(t, n))
+      return
+    key = (t.untyped_storage().data_ptr(), t.numel(), t.dtype)
+    if key not in seen:
+      seen.add(key)
+      total += t.numel() * t.element_size()
+
+  for s in opt.state.values():
+    for v in s.values():
+      if isinstance(v, torch.Tensor):
+        add(v)
+  return total

@@ -62,6 +62,8 @@ import optax
 
 import optax_q
 
+import _common  # pylint: disable=g-bad-import-order
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINE = 'optax.adamw fp32'
 LR = 1e-3
@@ -208,30 +210,6 @@ def jax_configs() -> list[tuple[str, Callable[[], Any]]]:
 # PyTorch rows (optional).
 
 
-def _torch_state_bytes(opt) -> int:
-  """Bytes of every distinct tensor buffer in a torch optimizer's state."""
-  import torch  # pylint: disable=g-import-not-at-top
-  seen, total = set(), 0
-
-  def add(t):
-    nonlocal total
-    if hasattr(t, '__tensor_flatten__') and type(t) is not torch.Tensor:
-      names, _ = t.__tensor_flatten__()
-      for n in names:
-        add(getattr(t, n))
-      return
-    key = (t.untyped_storage().data_ptr(), t.numel(), t.dtype)
-    if key not in seen:
-      seen.add(key)
-      total += t.numel() * t.element_size()
-
-  for s in opt.state.values():
-    for v in s.values():
-      if isinstance(v, torch.Tensor):
-        add(v)
-  return total
-
-
 def torch_rows(shapes, params_np, grads_np, param_elements, which):
   """Rows for the PyTorch peers; returns (rows, notes)."""
   rows, notes = [], {}
@@ -293,7 +271,7 @@ def torch_rows(shapes, params_np, grads_np, param_elements, which):
         with torch.no_grad():
           opt.step()
 
-      row = Row(label, run, _torch_state_bytes(opt), 2 * param_elements,
+      row = Row(label, run, _common.torch_state_bytes(opt), 2 * param_elements,
                 param_elements)
       row.warmup_s = warm
       rows.append(row)

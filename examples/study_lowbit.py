@@ -248,6 +248,75 @@ def teacher_student(seeds, steps, configs=CONFIGS, log=print):
   return rows
 
 
+# Peers on the same problem (optional: each row is skipped, with a note,
+# when its package does not import). The data, teacher and student's initial
+# weights are the JAX problem's, copied into PyTorch.
+PEERS = ('torch.optim.AdamW', 'torchao AdamW8bit', 'torchao AdamW4bit')
+
+
+def _torch_optimizer(name, params):
+  import torch  # pylint: disable=g-import-not-at-top
+  kw = dict(lr=1e-3, betas=(0.9, 0.999), eps=EPS, weight_decay=0.01)
+  if name == 'torch.optim.AdamW':
+    return torch.optim.AdamW(params, **kw)
+  import torchao.optim  # pylint: disable=g-import-not-at-top
+  return getattr(torchao.optim, name.split()[1])(params, **kw)
+
+
+def train_teacher_student_torch(name, seed, steps):
+  """The teacher-student run of ``seed`` with a PyTorch optimizer."""
+  import torch  # pylint: disable=g-import-not-at-top
+  kt, ks, kx = jax.random.split(jax.random.key(seed), 3)
+  teacher = _init(kt, (64, 256, 256, 10), gain=2.0)
+  x = jax.random.normal(kx, (1024, 64))
+  t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float32)
+  xt, yt = t(x), t(_mlp(teacher, x))
+  params = [torch.nn.Parameter(t(a)) for layer in _init(ks, (
+      64, 256, 256, 10)) for a in layer]
+
+  def loss():
+    h = xt
+    for i in range(0, len(params) - 2, 2):
+      h = torch.tanh(h @ params[i] + params[i + 1])
+    return torch.mean((h @ params[-2] + params[-1] - yt) ** 2)
+
+  opt = _torch_optimizer(name, params)
+  warmup = torch.optim.lr_scheduler.LambdaLR(
+      opt, lambda i: min(i, 100) / 100)  # optax.linear_schedule(0, 1e-3, 100)
+  for _ in range(steps):
+    opt.zero_grad()
+    loss().backward()
+    opt.step()
+    warmup.step()
+  state_bytes = _common.torch_state_bytes(opt)
+  moments = 2 * sum(p.numel() for p in params)
+  with torch.no_grad():
+    return dict(final_loss=float(loss()), state_bytes=state_bytes,
+                state_bits_per_element=8 * state_bytes / moments,
+                quantized_bits_per_element=None, moment_elements=moments)
+
+
+def teacher_student_peers(seeds, steps, log=print):
+  """Rows of the peers that import and run here; notes for the others."""
+  rows, notes = [], {}
+  for name in PEERS:
+    try:
+      for seed in seeds:
+        t0 = time.perf_counter()
+        row = dict(config=name, mu_format=None, nu_format=None,
+                   reset_every=None, scale_mode=None, seed=seed, peer=True,
+                   **train_teacher_student_torch(name, seed, steps))
+        row['seconds'] = round(time.perf_counter() - t0, 1)
+        rows.append(row)
+        log(f'{name:32s} seed {seed}: loss {row["final_loss"]:.3e} '
+            f'({row["seconds"]} s)')
+    except Exception as e:  # pylint: disable=broad-except
+      notes[name] = f'skipped: {type(e).__name__}: {str(e)[:200]}'
+      rows = [r for r in rows if r['config'] != name]
+      log(f'{name}: {notes[name]}')
+  return rows, notes
+
+
 def summarize(rows):
   """Per configuration: mean loss, the paired ratio to fp32, bits."""
   base = {r['seed']: r['final_loss'] for r in rows if r['config'] == 'fp32'}
@@ -299,9 +368,8 @@ def _plot(path, summary):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  rows = sorted(summary, key=lambda s: (
-      -(s['all_bits'] if s['bits'] is None else s['bits']), -s['ratio']))
-  bits = [s['all_bits'] if s['bits'] is None else s['bits'] for s in rows]
+  rows = sorted(summary, key=lambda s: (-s['all_bits'], -s['ratio']))
+  bits = [s['all_bits'] for s in rows]
   palette = plt.get_cmap('viridis')
   levels = sorted(set(bits))
   colors = [palette(levels.index(b) / max(1, len(levels) - 1)) for b in bits]
@@ -316,7 +384,8 @@ def _plot(path, summary):
   ax.set_xscale('log')
   ax.set_xlabel('final loss / fp32, mean over seeds (log scale)')
   ax.set_title('Teacher-student regression, AdamW, 1500 steps\n(bits per '
-               'quantized moment element, scales included)', fontsize=8)
+               'moment element, scales and float32 small leaves included)',
+               fontsize=8)
   ax.legend(fontsize=7, loc='lower right')
   fig.tight_layout()
   fig.savefig(path, dpi=110)
@@ -350,6 +419,8 @@ def render_markdown(result):
   train = [(s['config'], _bits(s['bits']), f'{s["all_bits"]:.2f}',
             f'{s["mean_loss"]:.3e}', f'{s["ratio"]:.2f}',
             f'{s["ratio_max"]:.2f}') for s in result['summary']]
+  notes = ''.join(f'\n- {k}: {v}' for k, v in
+                  meta.get('peer_notes', {}).items())
   rec = '\n'.join(
       f'- `{k}`: `optax_q.adamw(lr, **{v["adamw_kwargs"]})` ({v["config"]}, '
       f'{v["bits"]:.3f} bits, {v["ratio"]:.2f}x fp32)'
@@ -373,7 +444,10 @@ Final training loss, and its ratio to `optax.adamw` in float32 seed by seed
 (mean and worst over seeds). Bits per element from the real buffers
 (`optax_q.state_bits_per_element`), scales included: over the quantized
 moments (what the budgets of `recommended_*` bound), and over all moments
-(the float32 leaves under 4096 elements included).
+(the float32 leaves under 4096 elements included). The peers (PyTorch,
+torchao) train the same problem from the same data and initial weights,
+copied into PyTorch, with the same hyperparameters; their loss is divided by
+`optax.adamw`'s too.{notes}
 
 ![bits against loss](lowbit.png)
 
@@ -410,6 +484,8 @@ def make_parser():
                       help='training steps of each run')
   parser.add_argument('--only', nargs='*', default=None,
                       help='train only these configurations (fp32 always)')
+  parser.add_argument('--no-peers', action='store_true',
+                      help='skip the PyTorch, torchao rows')
   parser.add_argument('--codec-shape', type=int, nargs=2, default=[256, 1024],
                       help='shape of the synthetic moments of the codec '
                       'error table')
@@ -437,6 +513,11 @@ def main(argv=None):
              if args.only is None or c[0] == 'fp32' or c[0] in args.only]
   codec = codec_error(shape=tuple(args.codec_shape))
   rows = teacher_student(args.seeds, args.steps, configs)
+  notes = {}
+  if not args.no_peers:
+    peer_rows, notes = teacher_student_peers(args.seeds, args.steps)
+    rows += peer_rows
+  meta['peer_notes'] = notes
   summary = summarize(rows)
   meta['seconds'] = time.perf_counter() - t0
   result = dict(meta=meta, recommended=recommend(summary), summary=summary,

@@ -365,6 +365,7 @@ class StudyLowbitTest(_DocsUnchanged):
   def test_writes_its_files_and_recommends(self):
     result, _ = _quiet(study_lowbit.main, [
         '--seeds', '0', '--steps', '3', '--codec-shape', '4', '256',
+        '--no-peers',
         '--only', 'nf4 + ue4m0', 'nf3 + int3_mulaw', '--out', str(self.out)])
     self.assert_wrote('lowbit.json', 'lowbit.md', 'lowbit.png')
     self.assertEqual(result['recommended_4bit']['adamw_kwargs']['mu_format'],

@@ -137,6 +137,24 @@ def _stochastic(x, fmt, n=4096):
   return np.asarray(optax_q.dequantize(q))[:, 1:].ravel()
 
 
+class OddShapeTest(parameterized.TestCase):
+
+  @parameterized.product(
+      name=('nf3', 'ue4m0@rsqrt', 'int3_mulaw', 'int4'),
+      scale_mode=('block', 'block_pow2', 'row', 'tensor'),
+      shape=((), (0,), (3, 0), (2, 3, 5), (1,), (9,)))
+  def test_round_trip(self, name, scale_mode, shape):
+    # A constant block is its own maximum: exact in every scale mode.
+    x = jnp.full(shape, 4.0) if shape else jnp.float32(4.0)
+    q = optax_q.quantize(x, name, scale_mode=scale_mode,
+                         rounding='stochastic')
+    qarray.check_qarray(q)
+    y = optax_q.dequantize(q)
+    self.assertEqual(y.shape, x.shape)
+    np.testing.assert_array_equal(y, x)
+    self.assertEqual(float(qarray.unchanged_count(q, q)), x.size)
+
+
 class RoundingSpaceTest(parameterized.TestCase):
 
   @parameterized.parameters(*NEW_FORMATS)

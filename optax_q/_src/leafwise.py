@@ -461,7 +461,8 @@ def _tile_loop(run: _Run, entries, step, olds, tiles: int):
   full = lambda s: jnp.zeros(  # noqa: E731
       (s.shape[0], tiles) + s.shape[1:], s.dtype)
   in_place = not run.track_stalls and not any(
-      qarray_lib.is_qarray(x) and rounding_lib.bucketed(x.fmt.table)
+      qarray_lib.is_qarray(x)
+      and rounding_lib.bucketed(x.fmt.table, space=x.fmt.space)
       for _, x, _ in entries)
   carry0 = (olds if in_place else jax.tree.map(full, out_shapes),
             [jnp.zeros((), jnp.float32) for _ in count_shapes])

@@ -16,7 +16,7 @@
 Invariants (the sharding contract): ``codes`` has the logical shape, except
 that 4-bit codes are packed two per byte along the last axis (that axis is
 ``ceil(n / 2)`` long) and 3-bit codes eight per three bytes (``3 ceil(n /
-8)``); ``scale`` has the same rank as the logical array, with
+8)``; a scalar's three bytes have shape ``(3,)``); ``scale`` has the same rank as the logical array, with
 the last axis divided into blocks (``'block'``), reduced to one (``'row'``),
 or every axis reduced to one (``'tensor'``). A parameter's ``PartitionSpec``
 therefore applies to codes and scales unchanged, provided the blocked axis
@@ -444,7 +444,9 @@ def encode(
   if fmt.packed:
     codes = packing.pack(codes, fmt.bits)
   if not shape:
-    codes = codes.reshape(())
+    # A scalar's code, packed: one byte, or three for 3-bit codes (which
+    # keep their packed shape (3,)).
+    codes = codes.reshape(()) if codes.size == 1 else codes
     if scale is not None:
       scale = scale.reshape(())
   return QArray(codes, scale, fmt, shape, dtype, scale_mode,
@@ -716,7 +718,11 @@ def unchanged_count(old: QArray, new: QArray) -> jax.Array:
     uint = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize]
     a = jax.lax.bitcast_convert_type(a, uint)
     b = jax.lax.bitcast_convert_type(b, uint)
-  if not (old.fmt.packed and old.shape):
+  if not old.size:
+    return jnp.float32(0)
+  if not old.shape:  # One element, whatever its packing.
+    return jnp.all(a == b).astype(jnp.float32)
+  if not old.fmt.packed:
     return jnp.sum(a == b, dtype=jnp.float32)
   if old.fmt.bits == 3:
     n = old.shape[-1]
@@ -734,8 +740,8 @@ def check_qarray(q: QArray) -> None:
   if not isinstance(q.codes, (jax.Array, np.ndarray)):
     return
   expected = q.shape
-  if q.fmt.packed and q.shape:
-    expected = packing.packed_shape(q.shape, q.fmt.bits)
+  if q.fmt.packed and (q.shape or q.fmt.bits == 3):
+    expected = packing.packed_shape(q.shape or (1,), q.fmt.bits)
   if tuple(q.codes.shape) != tuple(expected):
     raise ValueError(f'codes shape {q.codes.shape} != expected {expected}.')
   if q.scale is not None:
