@@ -71,12 +71,14 @@ class OptConfig:
     nu_format: second-moment format.
     rounding: ``'nearest'``, ``'stochastic'``, ``'hybrid'`` (first moment
       to nearest, second moment stochastic) or ``None`` (fp32).
+    scale_mode: ``optax_q.adamw``'s ``scale_mode`` (None: the formats').
   """
 
   name: str
   mu_format: str
   nu_format: str
   rounding: str | None
+  scale_mode: str | None = None
 
   @property
   def is_baseline(self) -> bool:
@@ -113,7 +115,13 @@ def opt_config(mu_format: str, nu_format: str | None = None,
 
 
 def parse_config(spec: str) -> OptConfig:
-  """``'fp32'``, ``'fp8_e4m3/sr'``, ``'int4+fp4_e2m2u/rn'``, ``'4bit/sr'``."""
+  """``'fp32'``, ``'fp8_e4m3/sr'``, ``'int4+fp4_e2m2u/rn'``, ``'4bit/sr'``;
+  a trailing ``'/pow2'`` (``'nf4+ue4m0/sr/pow2'``) stores power-of-two
+  scales."""
+  if spec.endswith('/pow2'):
+    opt = parse_config(spec[:-len('/pow2')])
+    return dataclasses.replace(opt, name=opt.name + '/pow2',
+                               scale_mode='block_pow2')
   fmt, _, tag = spec.partition('/')
   if fmt == 'fp32':
     return FP32
@@ -259,7 +267,7 @@ def _make_optimizer(opt, schedule_args, weight_decay, clip_norm, b1, b2, eps,
         lr, **common, mu_format=opt.mu_format, nu_format=opt.nu_format,
         rounding=(HYBRID_ROUNDING if opt.rounding == 'hybrid'
                   else opt.rounding), block_size=block_size, seed=seed,
-        min_size=min_size)
+        min_size=min_size, scale_mode=opt.scale_mode)
   return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
 
 

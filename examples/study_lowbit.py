@@ -95,7 +95,9 @@ CONFIGS = (
     ('nf3 + int3_mulaw, pow2 scales', 'nf3', 'int3_mulaw', None,
      'block_pow2'),
 )
-BUDGETS = {'recommended_4bit': 4.25, 'recommended_3bit': 3.3}
+# Bits per quantized moment element, scales included: (above, at most).
+BUDGETS = {'recommended_4bit': (3.3, 4.25), 'recommended_3bit': (0.0, 3.3)}
+TARGET = 1.1  # Final loss at most this times float32's, in every seed.
 
 
 # ----------------------------------------------------------------------------
@@ -340,14 +342,21 @@ def summarize(rows):
 
 
 def recommend(summary):
-  """The best quantized configuration within each bit budget."""
+  """Per bit class: the fewest bits whose worst seed is within the target.
+
+  Among the quantized configurations of the class (more than 3.3 and at
+  most 4.25 bits per element; at most 3.3) whose final loss is
+  at most ``TARGET`` times float32's in every seed, the one with the fewest
+  bits, then the lowest worst ratio. (A ratio below one is not a better
+  optimizer; see the page.)
+  """
   rec = {}
-  for key, budget in BUDGETS.items():
+  for key, (low, high) in BUDGETS.items():
     fits = [s for s in summary
             if s['mu_format'] and s['bits'] is not None
-            and s['bits'] <= budget]
+            and low < s['bits'] <= high and s['ratio_max'] <= TARGET]
     if fits:
-      best = min(fits, key=lambda s: s['ratio'])
+      best = min(fits, key=lambda s: (s['bits'], s['ratio_max']))
       kwargs = dict(mu_format=best['mu_format'], nu_format=best['nu_format'],
                     rounding='stochastic')
       if best['reset_every'] is not None:
@@ -355,7 +364,8 @@ def recommend(summary):
       if best.get('scale_mode'):
         kwargs['scale_mode'] = best['scale_mode']
       rec[key] = dict(adamw_kwargs=kwargs, config=best['config'],
-                      ratio=best['ratio'], bits=best['bits'])
+                      ratio=best['ratio'], ratio_max=best['ratio_max'],
+                      bits=best['bits'])
   return rec
 
 
@@ -423,7 +433,8 @@ def render_markdown(result):
                   meta.get('peer_notes', {}).items())
   rec = '\n'.join(
       f'- `{k}`: `optax_q.adamw(lr, **{v["adamw_kwargs"]})` ({v["config"]}, '
-      f'{v["bits"]:.3f} bits, {v["ratio"]:.2f}x fp32)'
+      f'{v["bits"]:.3f} bits, {v["ratio"]:.2f}x fp32, worst seed '
+      f'{v["ratio_max"]:.2f}x)'
       for k, v in result['recommended'].items())
   return f"""# Low-bit codecs: codec error and teacher-student training
 
@@ -435,6 +446,10 @@ Written by `examples/study_lowbit.py`; do not edit.
 - Seeds: {meta['seeds']}; {meta['steps']} steps; {meta['seconds']:.0f} s
 
 ## Recommended
+
+Per bit class (quantized moments, scales included: above 3.3 and at most
+4.25; at most 3.3), the fewest bits whose final loss is at most {TARGET}x
+float32's in every seed.
 
 {rec}
 
@@ -502,6 +517,8 @@ def main(argv=None):
   if args.render:
     result = json.loads((out / 'lowbit.json').read_text())
     result['summary'] = summarize(result['rows'])
+    result['recommended'] = recommend(result['summary'])
+    result.update(result['recommended'])
     return _write(out, result)
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
