@@ -95,7 +95,6 @@ def _codecs(name, mu, nu, **extra):
 CASES = (
     _codecs('adamw_nf4_ue4m0_rsqrt', 'nf4', 'ue4m0@rsqrt'),
     _codecs('adamw_nf3_ue3m0', 'nf3', 'ue3m0'),
-    _codecs('adamw_companded', 'int4_softsign', 'int4_mulaw'),
     _codecs('adamw_pow2_scales', 'nf4', 'ue4m0', scale_mode='block_pow2'),
     _drop_in('adam', optax_q.adam, lambda: optax.adam(LR),
              ('mu_format', 'nu_format')),
