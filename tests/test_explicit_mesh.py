@@ -126,12 +126,17 @@ def _assert_types_follow(test, tree, shardings):
 
 
 def _codec(fmt, scale, rounding):
+  def encode(x):
+    if scale == 'rank1' and x.ndim < 2:  # Rank-1 scales need a matrix.
+      return x
+    return optax_q.quantize(x, fmt, scale_mode=scale, rounding=rounding,
+                            seed=3, step=1)
+
   def run(tree):
-    qs = jax.tree.map(
-        lambda x: optax_q.quantize(x, fmt, scale_mode=scale, rounding=rounding,
-                                   seed=3, step=1), tree)
-    return qs, jax.tree.map(optax_q.dequantize, qs,
-                            is_leaf=optax_q.is_qarray)
+    qs = jax.tree.map(encode, tree)
+    return qs, jax.tree.map(
+        lambda q: optax_q.dequantize(q) if optax_q.is_qarray(q) else q, qs,
+        is_leaf=optax_q.is_qarray)
   return run
 
 
@@ -151,11 +156,14 @@ ALL_CODECS = (
     + [('int4', 'row', 'nearest'), ('int4', 'tensor', 'stochastic'),
        ('fp8_e4m3', 'tensor', 'nearest'), ('fp8_e4m3', 'none', 'nearest'),
        ('nf4', None, 'stochastic'), ('nf3', 'row', 'nearest'),
-       ('int4_mulaw@sqrt', None, 'stochastic'), ('ue5m3', None, 'nearest')])
+       ('int4_mulaw@sqrt', None, 'stochastic'), ('ue5m3', None, 'nearest'),
+       ('fp8_e5m2_dre', 'row', 'nearest'), ('int4', 'rank1', 'nearest')])
 SOME_CODECS = (('int4', None, 'stochastic'), ('int8_dynamic', None, 'nearest'),
                ('fp8_e4m3', 'tensor', 'stochastic'),
                ('ue3m0@rsqrt', None, 'stochastic'),
-               ('nf4', 'block_pow2', 'stochastic'))
+               ('nf4', 'block_pow2', 'stochastic'),
+               ('fp8_e4m3_dre', None, 'stochastic'),
+               ('ue4m0', 'rank1', 'stochastic'))
 
 
 class CodecTest(parameterized.TestCase):

@@ -11,7 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The low-bit codecs: grids, 3-bit packing, rounding spaces, bad names.
+"""The low-bit codecs: grids, 3-bit packing, rounding spaces, bad names,
+fp8 with dynamic range expansion and rank-1 normalisation.
 
 The optimizer matrix (``test_optimizer_matrix.py``) runs AdamW with them
 through sharding, tiling, checkpoints, ``inject_hyperparams`` and
@@ -25,6 +26,7 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import optax_q
 from optax_q._src import packing
 from optax_q._src import qarray
@@ -297,6 +299,202 @@ class BadNameTest(parameterized.TestCase):
                      optax_q.reset_period('e4m0', b2=0.999))
 
 
+class RangeExpansionTest(parameterized.TestCase):
+  """fp8 with dynamic range expansion (COAT): ``<fp8 format>_dre``."""
+
+  def test_exponent_fills_the_normal_range(self):
+    # One block from 1e-3 to 1: R_x = 1000; e4m3's normal range 448 / 2^-6.
+    x = jnp.concatenate([jnp.geomspace(1e-3, 1.0, 127),
+                         jnp.zeros(1)])[None, :]
+    q = optax_q.quantize(x, 'fp8_e4m3_dre')
+    self.assertEqual(q.scale.shape, (1, 1, 2))
+    absmax, k = np.asarray(q.scale)[0, 0]
+    self.assertEqual(absmax, 1.0)
+    want = math.log2(448 * 64) / math.log2(1e3)
+    np.testing.assert_allclose(k, want, rtol=1e-5)
+    y = np.asarray(optax_q.dequantize(q))
+    # Every magnitude keeps e4m3's relative precision (half a step of a
+    # 3-bit mantissa, divided by k), zero stays zero.
+    rel = np.abs(y - np.asarray(x))[0, :127] / np.asarray(x)[0, :127]
+    self.assertLess(rel.max(), 2.0**-4 / k * 1.01)
+    self.assertEqual(y[0, 127], 0.0)
+
+  def test_smaller_error_than_fp8_on_gaussian_moments(self):
+    x = jax.random.normal(jax.random.key(0), (64, 1024)) * 1e-3
+    err = lambda name: float(jnp.linalg.norm(
+        optax_q.dequantize(optax_q.quantize(x, name)) - x))
+    for base in ('fp8_e4m3', 'fp8_e5m2'):
+      self.assertLess(err(base + '_dre'), 0.7 * err(base), base)
+
+  def test_bits_and_checkpoint_keys(self):
+    q = optax_q.quantize(jnp.ones((4, 256)), 'fp8_e4m3_dre')
+    self.assertEqual(8 * q.nbytes / 1024, 8 + 64 / 128)
+    keys = [jax.tree_util.keystr(k) for k, _ in
+            jax.tree_util.tree_flatten_with_path(q)[0]]
+    self.assertEqual(keys[0], '.codes:fp8_e4m3_dre:block:128')
+
+  @parameterized.product(mode=('block', 'row', 'tensor'),
+                         rounding=('nearest', 'stochastic'))
+  def test_special_values(self, mode, rounding):
+    x = jnp.array([[0.0, 0.0, 0.0, 0.0], [7.0, 7.0, -7.0, 7.0],
+                   [1.0, jnp.inf, 2.0, -jnp.inf], [3e38, -3.4e38, 1.0, 0.0],
+                   [1e-30, 2e-37, 4e-37, 0.0]])
+    q = optax_q.quantize(x[:, None, :] if mode != 'block' else x,
+                         'fp8_e4m3_dre', scale_mode=mode, block_size=4,
+                         rounding=rounding)
+    y = np.asarray(optax_q.dequantize(q)).reshape(x.shape)
+    if mode == 'tensor':
+      # One group spanning 2^250 (k = K_MIN): the infinities decode as
+      # such, zeros as zeros, nothing decodes to NaN.
+      self.assertEqual(list(y[2, [1, 3]]), [np.inf, -np.inf])
+      np.testing.assert_array_equal(y[0], 0.0)
+      self.assertFalse(np.any(np.isnan(y)))
+      return
+    np.testing.assert_array_equal(y[:2], x[:2])  # Zeros; equal magnitudes.
+    self.assertEqual(list(y[2, [1, 3]]), [np.inf, -np.inf])
+    np.testing.assert_allclose(y[2, [0, 2]], [1.0, 2.0], rtol=0.07)
+    self.assertTrue(np.all(np.isfinite(y[3:])))
+    # Groups wider than the grid's range are compressed (k < 1), which
+    # widens the relative step by 1/k: at most 2^-4 / K_MIN.
+    rtol = 2.0**-4 / qarray.K_MIN
+    np.testing.assert_allclose(y[3, :2], [3e38, -3.4e38], rtol=rtol)
+    np.testing.assert_allclose(y[4, :3], [1e-30, 2e-37, 4e-37], rtol=rtol)
+
+  def test_nan_poisons_its_group(self):
+    q = optax_q.quantize(jnp.array([[1.0, jnp.nan], [1.0, 2.0]]),
+                         'fp8_e4m3_dre', block_size=2)
+    y = np.asarray(optax_q.dequantize(q))
+    self.assertTrue(np.all(np.isnan(y[0])))
+    np.testing.assert_array_equal(y[1], [1.0, 2.0])
+
+  def test_second_moment_never_decodes_positive_to_zero(self):
+    v = jnp.exp(jax.random.normal(jax.random.key(1), (8, 256)) * 6 - 20)
+    q = optax_q.quantize(v, optax_q.unsigned_variant('fp8_e4m3_dre'),
+                         rounding='stochastic')
+    self.assertTrue(q.fmt.positive_floor)
+    self.assertTrue(np.all(np.asarray(optax_q.dequantize(q)) > 0))
+
+  @parameterized.parameters(
+      ('nf4_dre', 'scaled float grid'), ('bf16_dre', 'scaled float grid'),
+      ('e8m3_dre', 'scaled float grid'), ('fp8_dre_dre', 'Unknown format'),
+      ('int8_dre', 'scaled float grid'))
+  def test_bad_names(self, name, message):
+    with self.assertRaisesRegex(ValueError, message):
+      optax_q.get_format(name)
+    with self.assertRaisesRegex(ValueError, 'mu_format'):
+      optax_q.adamw(1e-3, mu_format=name)
+
+  @parameterized.parameters('block_pow2', 'none', 'rank1')
+  def test_bad_scale_modes(self, mode):
+    with self.assertRaisesRegex(ValueError, 'scale_mode.*dynamic range'):
+      optax_q.quantize(jnp.ones((2, 4)), 'fp8_e4m3_dre', scale_mode=mode)
+
+  def test_alias(self):
+    self.assertEqual(optax_q.get_format('fp8_dre').name, 'fp8_e4m3_dre')
+    self.assertTrue(optax_q.get_format('e3m2_dre').expand)
+
+
+class RankOneTest(parameterized.TestCase):
+  """Rank-1 normalisation (Li et al., 2023): ``scale_mode='rank1'``."""
+
+  def test_scale_is_the_smaller_maximum(self):
+    x = np.array([[1.0, -8.0, 2.0], [4.0, 0.5, -0.25], [0.0, 2.0, 1.0]],
+                 np.float32)
+    q = optax_q.quantize(x, 'int8', scale_mode='rank1')
+    np.testing.assert_array_equal(q.scale, [[8, 4, 2, 4, 8, 2]])
+    y = np.asarray(optax_q.dequantize(q))
+    scale = np.minimum(np.abs(x).max(1)[:, None], np.abs(x).max(0)[None])
+    np.testing.assert_allclose(y, np.round(x / scale * 127) * scale / 127,
+                               rtol=1e-6)
+    # An element that is its row's or column's maximum is exact.
+    exact = np.abs(x) == scale
+    self.assertEqual(exact.sum(), 4)
+    np.testing.assert_array_equal(y[exact], x[exact])
+
+  def test_helps_a_second_moment_with_row_and_column_structure(self):
+    rng = np.random.default_rng(0)
+    v = (np.exp(rng.normal(0, 2, (256, 1)) + rng.normal(0, 2, (1, 512)))
+         * np.exp(rng.normal(-14, 0.5, (256, 512)))).astype(np.float32)
+    def err(name, mode):
+      q = optax_q.quantize(v, optax_q.unsigned_variant(name), scale_mode=mode)
+      y = np.asarray(optax_q.dequantize(q))
+      return np.linalg.norm(np.sqrt(y) - np.sqrt(v)) / np.linalg.norm(
+          np.sqrt(v))
+    for name in ('int4', 'ue3m0', 'fp4_e2m1'):
+      self.assertLess(err(name, 'rank1'), 0.5 * err(name, 'block'), name)
+    q = optax_q.quantize(v, 'int4', scale_mode='rank1')
+    self.assertEqual(q.scale.shape, (1, 768))
+    self.assertEqual(8 * q.nbytes / v.size, 4 + 32 * 768 / v.size)
+
+  def test_leading_axes_are_batch_axes(self):
+    x = jax.random.normal(jax.random.key(0), (3, 8, 16))
+    q = optax_q.quantize(x, 'nf4', scale_mode='rank1', rounding='stochastic')
+    self.assertEqual(q.scale.shape, (3, 1, 24))
+    for i in range(3):
+      qi = optax_q.quantize(x[i], 'nf4', scale_mode='rank1')
+      np.testing.assert_array_equal(q.scale[i], qi.scale)
+
+  def test_infinity_and_nan(self):
+    x = jnp.array([[1.0, jnp.inf, 2.0], [3.0, 4.0, 5.0],
+                   [0.0, 0.0, -jnp.inf]])
+    y = np.asarray(optax_q.dequantize(
+        optax_q.quantize(x, 'int8', scale_mode='rank1')))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(x))
+    np.testing.assert_allclose(y, x, rtol=0.02)
+    x = jnp.array([[1.0, jnp.nan, 2.0], [3.0, 4.0, 5.0], [0.0, 7.0, 1.0]])
+    y = np.asarray(optax_q.dequantize(
+        optax_q.quantize(x, 'int8', scale_mode='rank1')))
+    # A NaN poisons its row and its column.
+    np.testing.assert_array_equal(np.isnan(y), [[1, 1, 1], [0, 1, 0],
+                                                [0, 1, 0]])
+
+  def test_huge_and_tiny_stay_finite(self):
+    x = jnp.array([[3e38, 1e-30], [0.0, -3.4e38], [1e-38, 1e-37]])
+    for name in ('fp8_e4m3', 'int4', 'ue4m0'):
+      fmt = optax_q.get_format(name)
+      q = optax_q.quantize(jnp.abs(x) if not fmt.signed else x, fmt,
+                           scale_mode='rank1', rounding='stochastic')
+      self.assertTrue(np.all(np.isfinite(optax_q.dequantize(q))), name)
+
+  @parameterized.parameters(((),), ((5,),), ((0,),))
+  def test_rank_below_two_is_refused(self, shape):
+    with self.assertRaisesRegex(ValueError, "scale_mode='rank1'.*rank >= 2"):
+      optax_q.quantize(jnp.ones(shape), 'int4', scale_mode='rank1')
+
+  def test_quantize_state_falls_back_to_block_below_rank_two(self):
+    tx = optax_q.adamw(1e-3, mu_format='nf4', nu_format='ue4m0', min_size=0,
+                       scale_mode={'nu': 'rank1'})
+    state = tx.init({'w': jnp.ones((8, 256)), 'b': jnp.ones((256,))})
+    nu = state[0].inner_state.nu
+    self.assertEqual((nu['w'].scale_mode, nu['b'].scale_mode),
+                     ('rank1', 'block'))
+    self.assertEqual(state[0].inner_state.mu['w'].scale_mode, 'block')
+
+  def test_state_shardings_replicate_the_maxima(self):
+    mesh = jax.make_mesh((1,), ('x',))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+        'x', None))
+    tx = optax_q.adamw(1e-3, nu_format='ue4m0', scale_mode='rank1',
+                       min_size=0)
+    state = jax.eval_shape(tx.init, {'w': jnp.ones((8, 256))})
+    shardings = optax_q.state_shardings(state, {'w': sharding})
+    nu = shardings[0].inner_state.nu['w']
+    self.assertEqual(tuple(nu.scale.spec), ())
+    self.assertEqual(tuple(nu.codes.spec), ('x', None))
+
+  def test_bad_scale_mode_maps(self):
+    with self.assertRaisesRegex(ValueError, r"scale_mode\['nu'\]"):
+      optax_q.adamw(1e-3, scale_mode={'nu': 'rank2'})
+    with self.assertRaisesRegex(ValueError, 'unknown state field'):
+      optax_q.adamw(1e-3, scale_mode={'nuu': 'rank1'})
+    # At construction where the format is known.
+    with self.assertRaisesRegex(ValueError, r"scale_mode\['mu'\]=.*dynamic"):
+      optax_q.adamw(1e-3, mu_format='fp8_e4m3_dre', scale_mode={'mu': 'rank1'})
+    with self.assertRaisesRegex(ValueError, 'scale_mode=.*dynamic range'):
+      optax_q.quantize_state(optax.scale_by_adam(), 'fp8_e5m2_dre',
+                             scale_mode='block_pow2')
+
+
 class TrainingTest(absltest.TestCase):
 
   def test_four_bit_adam_tracks_fp32(self):
@@ -318,8 +516,9 @@ class TrainingTest(absltest.TestCase):
         params, state = step(params, state)
       return float(loss(params))
     base = final(mu_format='fp32', nu_format='fp32')
-    for mu, nu in (('nf4', 'ue4m0@rsqrt'), ('nf3', 'ue3m0')):
-      self.assertLess(final(mu_format=mu, nu_format=nu,
+    for mu, nu, mode in (('nf4', 'ue4m0@rsqrt', None), ('nf3', 'ue3m0', None),
+                         ('fp8_e4m3_dre', 'int4', {'nu': 'rank1'})):
+      self.assertLess(final(mu_format=mu, nu_format=nu, scale_mode=mode,
                             rounding='stochastic'), 2 * base + 1e-3, (mu, nu))
 
 

@@ -96,6 +96,8 @@ CASES = (
     _codecs('adamw_nf4_ue4m0_rsqrt', 'nf4', 'ue4m0@rsqrt'),
     _codecs('adamw_nf3_ue3m0', 'nf3', 'ue3m0'),
     _codecs('adamw_pow2_scales', 'nf4', 'ue4m0', scale_mode='block_pow2'),
+    _codecs('adamw_dre_rank1', 'fp8_e4m3_dre', 'ue4m0',
+            scale_mode={'nu': 'rank1'}),
     _drop_in('adam', optax_q.adam, lambda: optax.adam(LR),
              ('mu_format', 'nu_format')),
     _drop_in('adamw', optax_q.adamw, lambda: optax.adamw(LR),

@@ -26,6 +26,7 @@ listed in ``static_args`` (they set shapes at ``init``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import optax
@@ -103,7 +104,7 @@ def adamw(
     block_size: int | None = None,
     seed: int | None = None,
     min_size: int | None = None,
-    scale_mode: str | None = None,
+    scale_mode: str | Mapping[str, str] | None = None,
     reset_every: Periods = None,
     nesterov: bool = False,
     track_stalls: bool = False,
@@ -136,8 +137,9 @@ def adamw(
     scale_mode: None (the formats' default: ``'block'`` float32 scales for
       narrow grids), or ``'block'``, ``'block_pow2'`` (shared power-of-two
       scales, one byte per block as OCP MX: 4.06 bits per element for a
-      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'none'``; see
-      :func:`quantize_state`.
+      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'rank1'`` (a
+      scale per row and per column, Li et al., 2023), ``'none'``, or a dict
+      per moment such as ``{'nu': 'rank1'}``; see :func:`quantize_state`.
     reset_every: ``None`` (no resets), a positive int period for both
       moments, ``'auto'`` (the stall model's ``K*`` for ``nu_format`` and
       ``b2``, see :func:`reset_period`), ``'adaptive'`` (reset both moments
@@ -204,7 +206,7 @@ def adam(
     block_size: int | None = None,
     seed: int | None = None,
     min_size: int | None = None,
-    scale_mode: str | None = None,
+    scale_mode: str | Mapping[str, str] | None = None,
     reset_every: Periods = None,
     nesterov: bool = False,
     track_stalls: bool = False,
@@ -230,8 +232,9 @@ def adam(
     scale_mode: None (the formats' default: ``'block'`` float32 scales for
       narrow grids), or ``'block'``, ``'block_pow2'`` (shared power-of-two
       scales, one byte per block as OCP MX: 4.06 bits per element for a
-      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'none'``; see
-      :func:`quantize_state`.
+      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'rank1'`` (a
+      scale per row and per column, Li et al., 2023), ``'none'``, or a dict
+      per moment such as ``{'nu': 'rank1'}``; see :func:`quantize_state`.
     reset_every: Moment resets, as for :func:`adamw`.
     nesterov: Nesterov momentum, as in ``optax.adam``.
     track_stalls: Record each quantized leaf's stalled fraction, as for
@@ -282,7 +285,7 @@ def lion(
     block_size: int | None = None,
     seed: int | None = None,
     min_size: int | None = None,
-    scale_mode: str | None = None,
+    scale_mode: str | Mapping[str, str] | None = None,
     track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """Lion with its momentum stored in low precision.
@@ -304,8 +307,9 @@ def lion(
     scale_mode: None (the formats' default: ``'block'`` float32 scales for
       narrow grids), or ``'block'``, ``'block_pow2'`` (shared power-of-two
       scales, one byte per block as OCP MX: 4.06 bits per element for a
-      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'none'``; see
-      :func:`quantize_state`.
+      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'rank1'`` (a
+      scale per row and per column, Li et al., 2023), ``'none'``, or a dict
+      per moment such as ``{'nu': 'rank1'}``; see :func:`quantize_state`.
     track_stalls: Record each quantized leaf's stalled fraction, as for
       :func:`adamw`.
 
@@ -352,7 +356,7 @@ def sgd(
     block_size: int | None = None,
     seed: int | None = None,
     min_size: int | None = None,
-    scale_mode: str | None = None,
+    scale_mode: str | Mapping[str, str] | None = None,
     track_stalls: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """SGD with momentum (the ``trace``) stored in low precision.
@@ -372,8 +376,9 @@ def sgd(
     scale_mode: None (the formats' default: ``'block'`` float32 scales for
       narrow grids), or ``'block'``, ``'block_pow2'`` (shared power-of-two
       scales, one byte per block as OCP MX: 4.06 bits per element for a
-      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'none'``; see
-      :func:`quantize_state`.
+      4-bit state at block 128), ``'row'``, ``'tensor'``, ``'rank1'`` (a
+      scale per row and per column, Li et al., 2023), ``'none'``, or a dict
+      per moment such as ``{'nu': 'rank1'}``; see :func:`quantize_state`.
     track_stalls: Record each quantized leaf's stalled fraction, as for
       :func:`adamw`.
 

@@ -91,6 +91,12 @@ class Format:
       stochastic one rounds up with probability equal to the fractional
       position in that space. ``'log'`` and ``'rsqrt'`` need a table of
       positive values.
+    expand: Dynamic range expansion (COAT, Xi et al., 2024; formats named
+      ``<float format>_dre``): each scale group's magnitudes, divided by
+      the group's absolute maximum, are raised to a per-group power ``k``
+      before rounding, ``k`` chosen so that the group's smallest non-zero
+      magnitude lands on the grid's smallest normal value; ``k`` is stored
+      next to the group's maximum (two float32 per group).
   """
 
   name: str
@@ -106,6 +112,7 @@ class Format:
   min_normal: float | None = None
   positive_floor: bool = False
   space: str = 'linear'
+  expand: bool = False
 
   @property
   def min_positive(self) -> float | None:
@@ -356,6 +363,17 @@ def _companded(kind: str, bits: int, signed: bool) -> Format:
 
 
 @functools.cache
+def _expanded(fmt: Format) -> Format:
+  """``fmt`` with dynamic range expansion (named ``<name>_dre``)."""
+  if fmt.kind != 'float' or not fmt.scaled or fmt.exponent_bits >= 8:
+    raise ValueError(
+        f'Dynamic range expansion (_dre) needs a scaled float grid with '
+        f'fewer than 8 exponent bits (fp8_e4m3, fp8_e5m2, e{{E}}m{{M}} with '
+        f'E < 8), and {fmt.name!r} is not one.')
+  return dataclasses.replace(fmt, name=f'{fmt.name}_dre', expand=True)
+
+
+@functools.cache
 def _in_space(fmt: Format, space: str) -> Format:
   """``fmt`` rounding linearly in ``space`` (named ``<name>@<space>``)."""
   if space == 'linear':
@@ -380,7 +398,7 @@ FORMAT_NAMES = (
     'fp32', 'bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1', 'fp4_e2m2u',
     'int8', 'int8_dynamic', 'int4', 'e{E}m{M}', 'nf4', 'nf3', 'ue{E}m{M}',
     'int4_sqrt', 'int3_sqrt', 'int4_mulaw', 'int3_mulaw', 'int4_softsign',
-    'int3_softsign',
+    'int3_softsign', 'fp8_e4m3_dre', 'fp8_e5m2_dre',
 )
 # Other spellings of the names above, one meaning each, everywhere (the
 # stall model of ``theory.py`` included). The second-moment variants that
@@ -399,7 +417,8 @@ def _allowed() -> str:
   aliases = ', '.join(f'{a!r} = {n!r}' for a, n in FORMAT_ALIASES.items())
   return (f'{", ".join(FORMAT_NAMES)} (simulated e{{E}}m{{M}} with '
           f'1 <= E <= 8, 0 <= M <= 23; unsigned power-of-two grids '
-          f'ue{{E}}m{{M}} with E >= 1, 3 <= E + M <= 8); second-moment '
+          f'ue{{E}}m{{M}} with E >= 1, 3 <= E + M <= 8; <fp8 or e{{E}}m{{M}} '
+          f'with E < 8>_dre for dynamic range expansion); second-moment '
           f'variants {", ".join(VARIANT_NAMES)}; a codebook followed by '
           f'@<space> rounds in that space, one of {ROUNDING_SPACES}; '
           f'aliases {aliases}')
@@ -488,6 +507,14 @@ def check_format(fmt: Any, name: str) -> Format:
   found = _named(FORMAT_ALIASES.get(key, key))
   if found is not None:
     return found
+  if key.endswith('_dre'):
+    base = key[:-len('_dre')]
+    found = _named(FORMAT_ALIASES.get(base, base))
+    if found is not None:
+      try:
+        return _expanded(found)
+      except ValueError as e:
+        raise ValueError(f'{name}={fmt!r}: {e}') from None
   raise ValueError(f'Unknown format {name}={fmt!r}. Allowed: {_allowed()}.')
 
 

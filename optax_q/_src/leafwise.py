@@ -254,9 +254,10 @@ def _tiles_of(lay: Layout, j: int, tile_size: int | None) -> int:
   if not quantized:
     return 1
   modes = {x.scale_mode for x in quantized}
-  if 'tensor' in modes or modes == {'none'}:
-    # A tensor scale needs the whole leaf; unscaled codes (bf16) have no
-    # block maxima, and the compiler fuses their step without tiles.
+  if modes & {'tensor', 'rank1'} or modes == {'none'}:
+    # A tensor scale and column maxima need the whole leaf; unscaled codes
+    # (bf16) have no block maxima, and the compiler fuses their step
+    # without tiles.
     return 1
   if any(_explicitly_sharded(x) for x in (lay.grads[j], lay.param(j))
          if x is not None):

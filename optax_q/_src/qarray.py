@@ -79,6 +79,8 @@ from optax_q._src import validation
 Format = formats_lib.Format
 # Scale modes with one scale per block of ``block_size`` along the last axis.
 BLOCK_MODES = ('block', 'block_pow2')
+# Scale modes that dynamic range expansion (``<format>_dre``) works with.
+_EXPAND_MODES = ('block', 'row', 'tensor')
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -181,24 +183,44 @@ def is_qarray(x: Any) -> bool:
   return isinstance(x, QArray)
 
 
-def scale_shape(shape, scale_mode: str, block_size: int) -> tuple[int, ...]:
-  """Shape of the scales for a logical ``shape``."""
+def scale_shape(shape, scale_mode: str, block_size: int,
+                expand: bool = False) -> tuple[int, ...]:
+  """Shape of the scales for a logical ``shape``.
+
+  With dynamic range expansion (``expand``) each group holds two float32,
+  its absolute maximum and its exponent ``k``, along one more axis.
+  """
+  extra = (2,) if expand and scale_mode != 'none' else ()
   if scale_mode == 'none':
     return ()
+  if scale_mode == 'rank1':
+    return tuple(shape[:-2]) + (1, shape[-2] + shape[-1])
   if not shape or scale_mode == 'tensor':
-    return (1,) * len(shape)
+    return (1,) * len(shape) + extra
   if scale_mode == 'row':
-    return tuple(shape[:-1]) + (1,)
-  return tuple(shape[:-1]) + (-(-shape[-1] // block_size),)
+    return tuple(shape[:-1]) + (1,) + extra
+  return tuple(shape[:-1]) + (-(-shape[-1] // block_size),) + extra
 
 
-def check_layout(fmt: Format, scale_mode: str, name: str = 'scale_mode'
-                 ) -> None:
-  """Raises unless ``fmt`` can be stored with ``scale_mode``."""
+def check_layout(fmt: Format, scale_mode: str, name: str = 'scale_mode',
+                 shape: tuple[int, ...] | None = None) -> None:
+  """Raises unless ``fmt`` can be stored with ``scale_mode`` (for an
+  array of ``shape``, where given)."""
   if scale_mode == 'none' and fmt.kind != 'float':
     raise ValueError(
         f"{name}='none' is only valid for float formats, not {fmt.name!r}; "
         f"use one of {formats_lib.SCALE_MODES[1:]}.")
+  if shape is not None and scale_mode == 'rank1' and len(shape) < 2:
+    raise ValueError(
+        f"{name}='rank1' (a scale per row and per column) needs an array "
+        f'of rank >= 2, got shape {tuple(shape)}; use one of '
+        f'{formats_lib.SCALE_MODES[1:-1]} (quantize_state falls back to '
+        "'block' for such leaves).")
+  if fmt.expand and scale_mode not in _EXPAND_MODES:
+    raise ValueError(
+        f'{name}={scale_mode!r}: dynamic range expansion ({fmt.name!r}) '
+        f'keeps a float32 maximum and exponent per group; use one of '
+        f'{_EXPAND_MODES}.')
 
 
 def _blocked(x: jax.Array, scale_mode: str, block_size: int) -> jax.Array:
@@ -438,6 +460,8 @@ def encode(
          else rounding_lib.uniform(key, xf.shape, **sr_rows))
     codes = _encode_values(xf, fmt, u)
     scale = None
+  elif scale_mode == 'rank1':
+    codes, scale = _encode_rank1(xf, fmt, key, sr_rows)
   else:
     codes, scale = _encode_scaled(xf, fmt, scale_mode, block_size, key,
                                   sr_rows)
@@ -448,7 +472,8 @@ def encode(
     # keep their packed shape (3,)).
     codes = codes.reshape(()) if codes.size == 1 else codes
     if scale is not None:
-      scale = scale.reshape(())
+      scale = scale.reshape(scale_shape((), scale_mode, block_size,
+                                        fmt.expand))
   return QArray(codes, scale, fmt, shape, dtype, scale_mode,
                 block_size if scale_mode in BLOCK_MODES else 0)
 
@@ -471,6 +496,10 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
   if scale_mode == 'block_pow2':
     stored = pow2_scale(absmax, target, has_inf)
     y = scale_by_exponent(xb, stored, inverse=True)
+  elif fmt.expand:
+    k = range_exponent(xb, ~is_inf, absmax, fmt)
+    y = _expand(apply_inverse_scale(xb, absmax), k, target)
+    stored = jnp.stack([jnp.where(has_inf, -absmax, absmax), k], axis=-1)
   else:
     scale = block_scale(absmax, target)
     y = apply_inverse_scale(xb, scale)
@@ -479,6 +508,134 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
   y = jnp.where(is_inf, jnp.copysign(end, xb), y)
   codes = _encode_values(y, fmt, u, positive=xb > 0)
   return _unblocked(codes, xf), stored
+
+
+# Rank-1 normalisation (``'rank1'``): each element of a matrix is scaled by
+# the smaller of its row's and its column's absolute maximum (Li et al.,
+# 2023). The maxima are stored side by side, rows first, as one float32 array
+# of shape (..., 1, rows + columns); a row or column holding an infinity has
+# its maximum stored negated, as a flagged block's scale is.
+
+
+def _rank1_maxima(xf: jax.Array):
+  """Row and column maxima of the finite magnitudes, and the infinity flags
+  of rows and columns, of ``xf`` (rank >= 2, the last two axes)."""
+  is_inf = jnp.isinf(xf)
+  mag = jnp.where(is_inf, jnp.float32(0), jnp.abs(xf))
+  rows = jnp.max(mag, axis=-1, initial=0.0)
+  cols = jnp.max(mag, axis=-2, initial=0.0)
+  return rows, cols, jnp.any(is_inf, axis=-1), jnp.any(is_inf, axis=-2)
+
+
+def _rank1_scales(x: jax.Array, rows, cols, row_flag, col_flag,
+                  fmt: Format):
+  """Per-element scales (laid out like ``x``) and infinity flags."""
+  rows = _along(rows, x, -2)
+  cols = _along(cols, x, -1)
+  flagged = (_along(row_flag, x, -2)[..., :, None]
+             & _along(col_flag, x, -1)[..., None, :])
+  either = (_along(row_flag, x, -2)[..., :, None]
+            | _along(col_flag, x, -1)[..., None, :])
+  _, _, inner = grid_extremes(fmt)
+  target = jnp.where(either, jnp.float32(inner),
+                     jnp.float32(scale_target(fmt)))
+  absmax = jnp.minimum(rows[..., :, None], cols[..., None, :])
+  return block_scale(absmax, target), flagged
+
+
+def _along(v: jax.Array, x: jax.Array, axis: int) -> jax.Array:
+  """Maxima ``v`` of ``x`` along one axis, sharded like that axis of ``x``
+  (so that broadcasting them back against ``x`` gathers nothing)."""
+  spec = explicit.spec_of(x)
+  if spec is None:
+    return v
+  keep = spec[:-2] + (spec[axis],)
+  return explicit.reshard(v, explicit.with_spec(x, keep))
+
+
+def _encode_rank1(xf, fmt, key, sr_rows):
+  """Unpacked codes and stored maxima of ``xf`` (rank >= 2)."""
+  rows, cols, row_flag, col_flag = _rank1_maxima(xf)
+  scale, _ = _rank1_scales(xf, rows, cols, row_flag, col_flag, fmt)
+  safe = jnp.where(scale > 0, scale, jnp.float32(1.0))
+  big = safe > jnp.float32(_BIG_SCALE)
+  pre = jnp.where(big, jnp.float32(_SPLIT), jnp.float32(1.0))
+  y = (xf * pre) * (jnp.float32(1.0) / (safe * pre))
+  end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
+  y = jnp.where(jnp.isinf(xf), jnp.copysign(end, xf), y)
+  u = (None if key is None
+       else rounding_lib.uniform(key, xf.shape, **sr_rows))
+  codes = _encode_values(y, fmt, u, positive=xf > 0)
+  signed = [jnp.where(f, -m, m) for m, f in
+            ((rows, row_flag), (cols, col_flag))]
+  replicated = [explicit.reshard(m, None if explicit.spec_of(m) is None
+                                 else explicit.with_spec(m, (None,) * m.ndim))
+                for m in signed]
+  stored = jnp.concatenate(replicated, axis=-1)[..., None, :]
+  return codes, stored
+
+
+def _decode_rank1(y: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
+  n_rows = y.shape[-2]
+  rows, cols = stored[..., 0, :n_rows], stored[..., 0, n_rows:]
+  scale, flagged = _rank1_scales(
+      y, jnp.abs(rows), jnp.abs(cols), jnp.signbit(rows), jnp.signbit(cols),
+      fmt)
+  out = y * scale
+  lo, hi, _ = grid_extremes(fmt)
+  inf = scale + jnp.float32(jnp.inf)
+  out = jnp.where(flagged & (y >= jnp.float32(hi)), inf, out)
+  if fmt.signed:
+    out = jnp.where(flagged & (y <= jnp.float32(lo)), -inf, out)
+  return out
+
+
+# Bounds of the expansion exponent ``k`` (``<format>_dre``): a group whose
+# magnitudes are all equal would ask for an infinite ``k``; one spanning more
+# than float32's range for a ``k`` near zero.
+K_MIN = 0.25
+K_MAX = 16.0
+
+
+def range_exponent(xb: jax.Array, finite: jax.Array, absmax: jax.Array,
+                   fmt: Format) -> jax.Array:
+  """COAT's exponent ``k`` per group of blocked values ``xb``.
+
+  ``k = log(R_fmt) / log(R_x)``: ``R_x`` is the ratio of the group's
+  largest to its smallest non-zero finite magnitude, ``R_fmt`` that of the
+  grid's largest value to its smallest normal one, so that
+  ``(|x| / max|x|)**k`` spans the grid's normal range. Clipped to
+  ``[K_MIN, K_MAX]``; a group without two distinct magnitudes gets ``K_MAX``.
+
+  References:
+    Xi et al, `COAT: Compressing Optimizer states and Activation for
+    Memory-Efficient FP8 Training <https://arxiv.org/abs/2410.19313>`_, 2024
+  """
+  nonzero = finite & (xb != 0)
+  absmin = jnp.min(jnp.where(nonzero, jnp.abs(xb), jnp.float32(jnp.inf)),
+                   axis=-1)
+  span = jnp.log2(absmax) - jnp.log2(absmin)
+  fmt_span = jnp.float32(math.log2(fmt.max_value / fmt.min_normal))
+  k = jnp.where(span > 0, fmt_span / jnp.where(span > 0, span, 1.0),
+                jnp.float32(K_MAX))
+  return jnp.clip(k, jnp.float32(K_MIN), jnp.float32(K_MAX))
+
+
+def _expand(r: jax.Array, k: jax.Array, target: jax.Array) -> jax.Array:
+  """``sign(r) target |r|**k``, per group, for ``|r| <= 1``."""
+  y = jnp.exp2(k[..., None] * jnp.log2(jnp.abs(r)))
+  return jnp.copysign(target[..., None] * y, r)
+
+
+def _contract(yb: jax.Array, k: jax.Array, flagged: jax.Array,
+              fmt: Format) -> jax.Array:
+  """Inverse of :func:`_expand` up to the group maximum:
+  ``sign(y) (|y| / target)**(1/k)``, at most 1 in magnitude."""
+  _, _, inner = grid_extremes(fmt)
+  inv_t = jnp.where(flagged, jnp.float32(1.0 / inner),
+                    jnp.float32(1.0 / scale_target(fmt)))
+  r = jnp.exp2(jnp.log2(jnp.abs(yb) * inv_t) / k)
+  return jnp.copysign(jnp.minimum(r, jnp.float32(1.0)), yb)
 
 
 # Shared power-of-two scales (``'block_pow2'``), one byte per block as the
@@ -559,18 +716,26 @@ def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
   if q.fmt.packed:
     codes = packing.unpack(codes, flat_shape[-1], q.fmt.bits)
   y = _decode_values(codes, q.fmt)
-  if q.scale is not None and q.scale_mode == 'block_pow2':
+  if q.scale is not None and q.scale_mode == 'rank1':
+    y = _decode_rank1(y, q.scale, q.fmt)
+  elif q.scale is not None and q.scale_mode == 'block_pow2':
     scale = q.scale.reshape(1) if not shape else q.scale
     yb = _blocked(y, q.scale_mode, q.block_size)
     y = _unblocked(scale_by_exponent(yb, scale), y)
   elif q.scale is not None:
-    scale = q.scale.reshape(1) if not shape else q.scale
+    scale = q.scale.reshape(scale_shape(flat_shape, q.scale_mode,
+                                        q.block_size, q.fmt.expand))
     yb = _blocked(y, q.scale_mode, q.block_size)
+    if q.fmt.expand:
+      scale, k = scale[..., 0], scale[..., 1]
     magnitude = jnp.abs(scale)[..., None]
-    out = yb * magnitude
     # A block with its scale's sign bit set holds infinities at the grid's
     # end codes (|scale| + inf: NaN in a NaN block).
     flagged = jnp.signbit(scale)[..., None]
+    if q.fmt.expand:
+      out = magnitude * _contract(yb, k[..., None], flagged, q.fmt)
+    else:
+      out = yb * magnitude
     lo, hi, _ = grid_extremes(q.fmt)
     inf = magnitude + jnp.float32(jnp.inf)
     out = jnp.where(flagged & (yb >= jnp.float32(hi)), inf, out)
@@ -663,6 +828,7 @@ def quantize(
     raise ValueError('x must be an array of real numbers, got '
                      f'{type(x).__name__ if array is None else array.dtype}.')
   x = array
+  check_layout(fmt, scale_mode, name, x.shape)
   if not jnp.issubdtype(x.dtype, jnp.floating):
     x = x.astype(jnp.float32)
   key = None
@@ -745,6 +911,6 @@ def check_qarray(q: QArray) -> None:
   if tuple(q.codes.shape) != tuple(expected):
     raise ValueError(f'codes shape {q.codes.shape} != expected {expected}.')
   if q.scale is not None:
-    s = scale_shape(q.shape, q.scale_mode, q.block_size)
+    s = scale_shape(q.shape, q.scale_mode, q.block_size, q.fmt.expand)
     if tuple(q.scale.shape) != s:
       raise ValueError(f'scale shape {q.scale.shape} != expected {s}.')

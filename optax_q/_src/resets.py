@@ -886,7 +886,7 @@ def adam_with_resets(
     block_size: int | None = None,
     seed: int | None = None,
     min_size: int | None = None,
-    scale_mode: str | None = None,
+    scale_mode: str | Mapping[str, str] | None = None,
     decay: float | None = None,
     s0: float = 0.6,
     track_stalls: bool = False,

@@ -73,6 +73,14 @@ def _fit(sharding: NamedSharding, shape, *, strict: bool, what: str
                        memory_kind=sharding.memory_kind)
 
 
+def _scale_sharding(leaf, sharding, *, strict, what):
+  if leaf.scale_mode == 'rank1':
+    # Row and column maxima side by side: replicated (they are small).
+    return NamedSharding(sharding.mesh, PartitionSpec(),
+                         memory_kind=sharding.memory_kind)
+  return _fit(sharding, leaf.scale.shape, strict=strict, what=what)
+
+
 def _leaf_sharding(leaf, sharding, *, strict, what):
   if leaf is None:
     return None
@@ -81,9 +89,8 @@ def _leaf_sharding(leaf, sharding, *, strict, what):
         leaf,
         codes=_fit(sharding, leaf.codes.shape, strict=strict,
                    what=f'{what} (codes)'),
-        scale=None if leaf.scale is None else _fit(
-            sharding, leaf.scale.shape, strict=strict,
-            what=f'{what} (scales)'))
+        scale=None if leaf.scale is None else _scale_sharding(
+            leaf, sharding, strict=strict, what=f'{what} (scales)'))
   if hasattr(leaf, 'shape'):
     return _fit(sharding, leaf.shape, strict=strict, what=what)
   return leaf  # MaskedNode and other empty nodes.

@@ -108,6 +108,23 @@ def _check_formats(formats: FormatSpec, nonnegative: frozenset[str]
       '(path, leaf) -> format')
 
 
+def _check_layouts(formats: FormatSpec, scale_mode: Any) -> None:
+  """Raises where a format known at construction can't take its scale
+  mode (the others are checked leaf by leaf at ``init``)."""
+  if scale_mode is None or formats is None or callable(formats) and (
+      not isinstance(formats, Format)):
+    return
+  fields = formats if isinstance(formats, Mapping) else (
+      scale_mode if isinstance(scale_mode, Mapping) else {None: None})
+  for field in fields:
+    fmt = formats.get(field) if isinstance(formats, Mapping) else formats
+    mode = (scale_mode.get(field) if isinstance(scale_mode, Mapping)
+            else scale_mode)
+    if fmt is not None and mode is not None:
+      name = 'scale_mode' if field is None else f'scale_mode[{field!r}]'
+      qarray_lib.check_layout(fmt, mode, name)
+
+
 def _check_rounding(rounding: Any) -> str | dict[str, str]:
   """A rounding name, or a dict {field: rounding name}, checked early."""
   if not isinstance(rounding, Mapping):
@@ -202,10 +219,11 @@ class StorageConfig:
         block_size=block_size, seed=seed, min_size=min_size,
         formats=_check_formats(self.formats, nonnegative),
         scale_mode=None if self.scale_mode is None else
-        validation.check_scale(self.scale_mode),
+        validation.check_scale_map(self.scale_mode),
         track_stalls=validation.check_bool(self.track_stalls, 'track_stalls'),
         elementwise=validation.check_bool(self.elementwise, 'elementwise'),
         tile_size=tile_size)
+    _check_layouts(checked['formats'], checked['scale_mode'])
     for name, value in checked.items():
       object.__setattr__(self, name, value)
 
@@ -213,7 +231,8 @@ class StorageConfig:
     """Raises if ``formats``, ``rounding`` or declared ``nonnegative_fields``
     name fields ``inner``'s state lacks."""
     named = [(arg, value) for arg, value in
-             (('formats', self.formats), ('rounding', self.rounding))
+             (('formats', self.formats), ('rounding', self.rounding),
+              ('scale_mode', self.scale_mode))
              if isinstance(value, Mapping)]
     if self.nonnegative_fields != NONNEGATIVE_FIELDS:
       named.append(('nonnegative_fields', self.nonnegative_fields))
@@ -226,6 +245,21 @@ class StorageConfig:
 
   def rounding_for(self, field: str | None) -> str:
     return leaf_rounding(self.rounding, field)
+
+  def scale_mode_for(self, path, leaf, fmt: Format, root=None) -> str:
+    """The scale mode of one state leaf stored in ``fmt``.
+
+    A mode per field where ``scale_mode`` is a mapping (unlisted fields: by
+    format); ``'rank1'`` on a leaf of rank < 2 falls back to ``'block'``.
+    """
+    mode = self.scale_mode
+    if isinstance(mode, Mapping):
+      mode = mode.get(state_tree.field_name(path, root))
+    mode = mode or qarray_lib.default_scale_mode(fmt)
+    if mode == 'rank1' and leaf.ndim < 2:
+      mode = 'block'
+    qarray_lib.check_layout(fmt, mode)
+    return mode
 
   def key_for(self, count: jax.Array, index: int, field: str | None):
     """The stochastic-rounding key of the leaf at flat ``index``, or None."""
@@ -276,8 +310,7 @@ def plan_leaf(config: StorageConfig, path, leaf, root) -> Any:
   fmt = config.format_for(path, leaf, root)
   if fmt is None or fmt.is_identity:
     return leaf if box is None else box
-  scale_mode = config.scale_mode or qarray_lib.default_scale_mode(fmt)
-  qarray_lib.check_layout(fmt, scale_mode)
+  scale_mode = config.scale_mode_for(path, leaf, fmt, root)
   q = qarray_lib.encode(leaf, fmt, scale_mode=scale_mode,
                         block_size=config.block_size, key=None)
   if q.nbytes >= qarray_lib.nbytes_of(leaf):
@@ -437,12 +470,18 @@ def quantize_state(
       bitsandbytes).
     block_size: Elements per scale along the last axis for block scaling,
       an even int in ``[2, 2**20]``; None: 128.
-    scale_mode: ``'block'``, ``'block_pow2'``, ``'row'``, ``'tensor'`` or
-      ``'none'``; the default is ``'block'`` for formats with a narrow range
-      and ``'none'`` for ``bf16`` and ``fp16``. ``'block_pow2'`` stores each
-      block's scale as a power of two in one byte (the OCP MX E8M0 scale:
-      4.06 bits per element for a 4-bit state at block 128 instead of
-      4.25); a block holding an infinity or a NaN then decodes to NaN.
+    scale_mode: ``'block'``, ``'block_pow2'``, ``'row'``, ``'tensor'``,
+      ``'rank1'`` or ``'none'``, or a dict ``{field: scale mode}`` such as
+      ``{'nu': 'rank1'}`` (unlisted fields: by format); the default is
+      ``'block'`` for formats with a narrow range and ``'none'`` for
+      ``bf16`` and ``fp16``. ``'block_pow2'`` stores each block's scale as
+      a power of two in one byte (the OCP MX E8M0 scale: 4.06 bits per
+      element for a 4-bit state at block 128 instead of 4.25); a block
+      holding an infinity or a NaN then decodes to NaN. ``'rank1'`` scales
+      each element of a matrix by the smaller of its row's and its column's
+      absolute maximum (Li et al., 2023; leading axes are batch axes); a
+      leaf of rank < 2 falls back to ``'block'``, and a rank-1 leaf is
+      updated whole, never in tiles.
     track_stalls: Keep the per-leaf stalled fraction of the last step in the
       state (one float32 scalar per quantized leaf).
     elementwise: Declares that ``inner`` is elementwise: each parameter's
@@ -491,7 +530,7 @@ def quantize_state(
   name, scale_mode = validation.renamed('scale', scale, 'scale_mode',
                                         scale_mode)
   if scale_mode is not None:
-    validation.check_scale(scale_mode, name)
+    validation.check_scale_map(scale_mode, name)
   config = StorageConfig(
       formats=formats, rounding=rounding, seed=seed, min_size=min_size,
       block_size=block_size, scale_mode=scale_mode, track_stalls=track_stalls,

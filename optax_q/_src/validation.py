@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 ROUNDING_MODES = ('nearest', 'stochastic')
-SCALE_MODES = ('none', 'tensor', 'row', 'block', 'block_pow2')
+SCALE_MODES = ('none', 'tensor', 'row', 'block', 'block_pow2', 'rank1')
 # Stochastic-rounding seeds, steps and streams are hashed as uint32.
 UINT32_MAX = 2**32 - 1
 # A larger block pads every row to it: 2**40 would allocate terabytes.
@@ -98,9 +98,17 @@ def check_rounding(rounding: Any, name: str = 'rounding') -> str:
 
 
 def check_scale(scale: Any, name: str = 'scale_mode') -> str:
-  """A scale mode: ``'none'``, ``'tensor'``, ``'row'``, ``'block'`` or
-  ``'block_pow2'``."""
+  """A scale mode: ``'none'``, ``'tensor'``, ``'row'``, ``'block'``,
+  ``'block_pow2'`` or ``'rank1'``."""
   return check_choice(scale, name, SCALE_MODES)
+
+
+def check_scale_map(scale: Any, name: str = 'scale_mode') -> Any:
+  """A scale mode, or ``{field: scale mode}`` (a mode per state field)."""
+  if isinstance(scale, Mapping):
+    return check_field_map(scale, name, lambda key, v: check_scale(
+        v, f'{name}[{key!r}]'), 'a scale mode or a mapping')
+  return check_scale(scale, name)
 
 
 def check_bool(value: Any, name: str) -> bool:
