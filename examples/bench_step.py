@@ -179,13 +179,18 @@ def jax_configs() -> list[tuple[str, Callable[[], Any]]]:
       ('nf4/ue4m0@rsqrt', 'nf4', 'ue4m0@rsqrt'),
       ('nf4/int4_mulaw', 'nf4', 'int4_mulaw'),
       ('nf3/ue3m0', 'nf3', 'ue3m0'),
+      # fp8 with dynamic range expansion; rank-1 second moments.
+      ('fp8_e4m3_dre', 'fp8_e4m3_dre', 'fp8_e4m3_dre'),
+      ('nf4/ue4m0 rank-1 nu', 'nf4', 'ue4m0', {'nu': 'rank1'}),
+      ('int4 rank-1 nu', 'int4', 'int4', {'nu': 'rank1'}),
   ]
-  for label, mu, nu in formats:
+  for label, mu, nu, *mode in formats:
     for rounding in ('nearest', 'stochastic'):
       configs.append((
           f'optax_q {label} {rounding}',
-          lambda mu=mu, nu=nu, rounding=rounding: q(
-              mu_format=mu, nu_format=nu, rounding=rounding, **kw)))
+          lambda mu=mu, nu=nu, rounding=rounding, mode=mode: q(
+              mu_format=mu, nu_format=nu, rounding=rounding,
+              scale_mode=mode[0] if mode else None, **kw)))
   # What the optional stall telemetry costs (off by default in the
   # drop-ins; quantize_state records it).
   for fmt in ('bf16', 'fp8_e4m3'):

@@ -54,15 +54,20 @@ import optax_q
 BLOCK = 128
 EPS = 1e-8
 # A name ending in ' pow2' uses shared power-of-two scales (one byte per
-# block) instead of float32 ones.
+# block) instead of float32 ones, one ending in ' rank1' rank-1
+# normalisation (a float32 maximum per row and per column, Li et al. 2023);
+# '<fp8>_dre' is fp8 with dynamic range expansion (COAT).
 FIRST = ('int4', 'fp4_e2m1', 'nf4', 'nf4 pow2', 'int4_sqrt', 'int4_softsign',
          'int4_mulaw', 'nf3', 'nf3 pow2', 'int3_sqrt', 'int3_softsign',
-         'fp8_e4m3', 'fp8_e4m3 pow2', 'int8_dynamic')
+         'fp8_e4m3', 'fp8_e4m3 pow2', 'fp8_e4m3_dre', 'fp8_e5m2',
+         'fp8_e5m2_dre', 'int8_dynamic')
 SECOND = ('int4', 'fp4_e2m1', 'ue4m0', 'ue4m0@rsqrt', 'ue4m0@log', 'ue3m1',
           'ue3m1@rsqrt', 'int4_sqrt', 'int4_mulaw', 'int4_softsign',
           'ue4m0 pow2', 'int4_mulaw pow2', 'ue3m0', 'ue3m0@rsqrt', 'ue2m1',
-          'int3_sqrt', 'int3_mulaw', 'int3_mulaw pow2', 'fp8_e4m3',
-          'int8_dynamic')
+          'int3_sqrt', 'int3_mulaw', 'int3_mulaw pow2', 'int4 rank1',
+          'fp4_e2m1 rank1', 'ue4m0 rank1', 'int4_mulaw rank1', 'ue3m0 rank1',
+          'int3_mulaw rank1', 'fp8_e4m3', 'fp8_e4m3_dre', 'int8_dynamic')
+RANK1_NU = {'nu': 'rank1'}  # Rank-1 second moment, blocks for the first.
 # (name, mu format, nu format, resets[, scale mode]). Resets 'model': both
 # moments every
 # K* steps of the stall model for the second moment's grid (rounded
@@ -94,6 +99,13 @@ CONFIGS = (
      'block_pow2'),
     ('nf3 + int3_mulaw, pow2 scales', 'nf3', 'int3_mulaw', None,
      'block_pow2'),
+    ('fp8_e4m3_dre', 'fp8_e4m3_dre', 'fp8_e4m3_dre', None),
+    ('int4, rank-1 nu', 'int4', 'int4', None, RANK1_NU),
+    ('nf4 + fp4_e2m2u, rank-1 nu', 'nf4', 'fp4_e2m1', None, RANK1_NU),
+    ('nf4 + ue4m0, rank-1 nu', 'nf4', 'ue4m0', None, RANK1_NU),
+    ('nf4 + int4_mulaw, rank-1 nu', 'nf4', 'int4_mulaw', None, RANK1_NU),
+    ('nf3 + ue3m0, rank-1 nu', 'nf3', 'ue3m0', None, RANK1_NU),
+    ('nf3 + int3_mulaw, rank-1 nu', 'nf3', 'int3_mulaw', None, RANK1_NU),
 )
 # Bits per quantized moment element, scales included: (above, at most).
 BUDGETS = {'recommended_4bit': (3.3, 4.25), 'recommended_3bit': (0.0, 3.3)}
@@ -126,13 +138,14 @@ def _rel(a, b):
 
 
 def _roundtrip(x, fmt, rounding, nonnegative):
-  fmt, _, pow2 = fmt.partition(' ')
+  fmt, _, mode = fmt.partition(' ')
   fmt = optax_q.unsigned_variant(fmt) if nonnegative else optax_q.get_format(
       fmt)
   q = optax_q.quantize(x, fmt, block_size=BLOCK, rounding=rounding, seed=1,
-                       scale_mode='block_pow2' if pow2 else 'block')
+                       scale_mode={'pow2': 'block_pow2', 'rank1': 'rank1',
+                                   '': 'block'}[mode])
   return (optax_q.dequantize(q), 8 * q.nbytes / x.size,
-          fmt.name + (' pow2' if pow2 else ''))
+          fmt.name + (f' {mode}' if mode else ''))
 
 
 def codec_error(seed: int = 0, shape=(256, 1024)):
@@ -431,6 +444,10 @@ def render_markdown(result):
             f'{s["ratio_max"]:.2f}') for s in result['summary']]
   notes = ''.join(f'\n- {k}: {v}' for k, v in
                   meta.get('peer_notes', {}).items())
+  earlier = ''.join(
+      f"\n- Rows of the other configurations (and the peers) from: "
+      f"`{e['command']}` (revision `{e['git_revision']}`, {e['date']})"
+      for e in meta.get('earlier', []))
   rec = '\n'.join(
       f'- `{k}`: `optax_q.adamw(lr, **{v["adamw_kwargs"]})` ({v["config"]}, '
       f'{v["bits"]:.3f} bits, {v["ratio"]:.2f}x fp32, worst seed '
@@ -443,7 +460,7 @@ Written by `examples/study_lowbit.py`; do not edit.
 - Command: `{meta['command']}`
 - Revision: `{meta['git_revision']}`; date: {meta['date']}
 - Machine: {meta['machine']}
-- Seeds: {meta['seeds']}; {meta['steps']} steps; {meta['seconds']:.0f} s
+- Seeds: {meta['seeds']}; {meta['steps']} steps; {meta['seconds']:.0f} s{earlier}
 
 ## Recommended
 
@@ -505,6 +522,12 @@ def make_parser():
                       help='shape of the synthetic moments of the codec '
                       'error table')
   _common.add_out_argument(parser, __file__)
+  parser.add_argument('--merge', action='store_true',
+                      help='with --only: replace the rows of these '
+                      'configurations (and fp32, which is deterministic) in '
+                      'the lowbit.json in --out and keep the others; the '
+                      'codec table is measured anew; the command is added '
+                      'to the file\'s list of commands')
   parser.add_argument('--render', action='store_true',
                       help='only re-write lowbit.{json,md,png} from the '
                       'lowbit.json in --out (no measurement)')
@@ -528,6 +551,9 @@ def main(argv=None):
               codec_shape=args.codec_shape)
   configs = [c for c in CONFIGS
              if args.only is None or c[0] == 'fp32' or c[0] in args.only]
+  unknown = sorted(set(args.only or ()) - {c[0] for c in CONFIGS})
+  if unknown:
+    raise SystemExit(f'--only: unknown configurations {unknown}')
   codec = codec_error(shape=tuple(args.codec_shape))
   rows = teacher_student(args.seeds, args.steps, configs)
   notes = {}
@@ -535,12 +561,37 @@ def main(argv=None):
     peer_rows, notes = teacher_student_peers(args.seeds, args.steps)
     rows += peer_rows
   meta['peer_notes'] = notes
+  if args.merge:
+    rows, meta = _merged(out, rows, meta, args)
   summary = summarize(rows)
   meta['seconds'] = time.perf_counter() - t0
   result = dict(meta=meta, recommended=recommend(summary), summary=summary,
                 rows=rows, codec_error=codec)
   result.update(result['recommended'])
   return _write(out, result)
+
+
+def _merged(out, rows, meta, args):
+  """``rows`` in place of the same configurations' rows of the published
+  file, the others kept (with the commands that measured them)."""
+  if args.only is None:
+    raise SystemExit('--merge needs --only')
+  old = json.loads((out / 'lowbit.json').read_text())
+  if old['meta']['seeds'] != args.seeds or old['meta']['steps'] != args.steps:
+    raise SystemExit('--merge: seeds and steps must be those of the file')
+  fresh = {r['config'] for r in rows}
+  kept = [r for r in old['rows'] if r['config'] not in fresh]
+  earlier = old['meta'].get('earlier', [])
+  earlier.append({k: old['meta'][k] for k in
+                  ('command', 'git_revision', 'date', 'seconds')
+                  if k in old['meta']})
+  meta['earlier'] = earlier
+  meta['peer_notes'] = old['meta'].get('peer_notes', {})
+  order = [c[0] for c in CONFIGS]
+  merged = kept + rows
+  merged.sort(key=lambda r: (r['seed'], order.index(r['config'])
+                             if r['config'] in order else len(order)))
+  return merged, meta
 
 
 def _write(out, result):

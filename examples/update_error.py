@@ -63,7 +63,15 @@ PAIRS = (('bf16', 'bf16'), ('fp8_e4m3', 'fp8_e4m3'), ('fp8_e5m2', 'fp8_e5m2'),
          ('nf3', 'ue3m0'), ('fp32', 'fp8_e4m3'), ('fp32', 'fp4_e2m1'),
          ('fp32', 'ue4m0'), ('fp32', 'ue4m0@rsqrt'), ('fp32', 'ue3m1'),
          ('fp32', 'int4_mulaw'), ('fp32', 'int4_sqrt'), ('fp32', 'ue3m0'),
-         ('nf4', 'fp32'), ('fp4_e2m1', 'fp32'), ('int4', 'fp32'))
+         ('nf4', 'fp32'), ('fp4_e2m1', 'fp32'), ('int4', 'fp32'),
+         # fp8 with dynamic range expansion (COAT), and second moments with
+         # rank-1 normalisation (a name ending in ' rank1': a scale per row
+         # and per column, Li et al. 2023; leaves of rank < 2 keep blocks).
+         ('fp8_e4m3_dre', 'fp8_e4m3_dre'), ('fp8_e4m3_dre', 'fp32'),
+         ('fp32', 'fp8_e4m3_dre'), ('fp32', 'int4 rank1'),
+         ('fp32', 'fp4_e2m1 rank1'), ('fp32', 'ue4m0 rank1'),
+         ('fp32', 'int4_mulaw rank1'), ('fp32', 'ue3m0 rank1'),
+         ('fp32', 'int3_mulaw rank1'), ('nf4', 'ue4m0 rank1'))
 
 
 def _nu_format(name: str, floor: bool):
@@ -92,7 +100,8 @@ def measure(adam, cfg, *, floor: bool, block_size: int):
                                    jax.tree.leaves(adam.nu))
             if m.size >= cfg.min_size]
   rows = []
-  for mu_name, nu_name in PAIRS:
+  for mu_name, nu_spec in PAIRS:
+    nu_name, _, nu_mode = nu_spec.partition(' ')
     nu_fmt = _nu_format(nu_name, floor)
     for rounding in ('nearest', 'stochastic'):
       err2 = ref2 = 0.0
@@ -101,15 +110,19 @@ def measure(adam, cfg, *, floor: bool, block_size: int):
         kw = dict(block_size=block_size, rounding=rounding)
         qm = optax_q.dequantize(
             optax_q.quantize(m, mu_name, seed=2 * i, **kw))
+        mode = nu_mode if nu_mode and v.ndim >= 2 else None
         qv = optax_q.dequantize(
-            optax_q.quantize(v, nu_fmt, seed=2 * i + 1, **kw))
+            optax_q.quantize(v, nu_fmt, seed=2 * i + 1, scale_mode=mode,
+                             **kw))
         ref, got = direction(m, v), direction(qm, qv)
         err2 += float(jnp.sum((got - ref) ** 2))
         ref2 += float(jnp.sum(ref**2))
         zeros += int(jnp.sum((qv == 0) & (v > 0)))
         blown += int(jnp.sum(jnp.abs(got) > 10 * jnp.max(jnp.abs(ref))))
         total += v.size
-      rows.append(dict(mu_format=mu_name, nu_format=nu_fmt.name,
+      rows.append(dict(mu_format=mu_name,
+                       nu_format=nu_fmt.name + (f' {nu_mode}' if nu_mode
+                                                else ''),
                        positive_floor=nu_fmt.positive_floor,
                        rounding=rounding,
                        relative_error=float(np.sqrt(err2 / ref2)),

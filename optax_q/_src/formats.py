@@ -464,7 +464,11 @@ def get_format(fmt: str | Format) -> Format:
       ``'fp8_e5m2'``, ``'fp4_e2m1'``, ``'fp4_e2m2u'``, ``'int8'``,
       ``'int8_dynamic'``, ``'int4'``, or a simulated ``'e{E}m{M}'`` with
       ``1 <= E <= 8`` and ``0 <= M <= 23``; the second-moment variants
-      ``'int8_dynamic_unsigned'`` and ``'int4_unsigned'``; or an alias of
+      ``'int8_dynamic_unsigned'`` and ``'int4_unsigned'``; the low-bit
+      codecs ``'nf4'``, ``'nf3'``, ``'ue{E}m{M}'``,
+      ``'int{3,4}_{sqrt,mulaw,softsign}'``, a codebook followed by
+      ``'@<space>'``; a scaled float grid followed by ``'_dre'``
+      (``'fp8_e4m3_dre'``: dynamic range expansion, COAT); or an alias of
       :data:`FORMAT_ALIASES`: ``'fp8'`` is ``'fp8_e4m3'`` and ``'fp4'`` is
       ``'fp4_e2m1'``, everywhere) or a :class:`Format`.
 
@@ -479,6 +483,12 @@ def get_format(fmt: str | Format) -> Format:
     >>> import optax_q
     >>> optax_q.get_format('fp8_e4m3').max_value
     448.0
+    >>> optax_q.get_format('fp8_e4m3_dre').expand
+    True
+
+  References:
+    Xi et al, `COAT: Compressing Optimizer states and Activation for
+    Memory-Efficient FP8 Training <https://arxiv.org/abs/2410.19313>`_, 2024
   """
   return check_format(fmt, 'fmt')
 

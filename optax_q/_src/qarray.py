@@ -634,7 +634,10 @@ def _contract(yb: jax.Array, k: jax.Array, flagged: jax.Array,
   _, _, inner = grid_extremes(fmt)
   inv_t = jnp.where(flagged, jnp.float32(1.0 / inner),
                     jnp.float32(1.0 / scale_target(fmt)))
-  r = jnp.exp2(jnp.log2(jnp.abs(yb) * inv_t) / k)
+  # A product with the reciprocal taken once per group, never a division
+  # by a broadcast k (which XLA rewrites for some shapes only).
+  inv_k = jnp.float32(1.0) / k
+  r = jnp.exp2(jnp.log2(jnp.abs(yb) * inv_t) * inv_k)
   return jnp.copysign(jnp.minimum(r, jnp.float32(1.0)), yb)
 
 
