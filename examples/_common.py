@@ -71,14 +71,16 @@ class OptConfig:
     nu_format: second-moment format.
     rounding: ``'nearest'``, ``'stochastic'``, ``'hybrid'`` (first moment
       to nearest, second moment stochastic) or ``None`` (fp32).
-    scale_mode: ``optax_q.adamw``'s ``scale_mode`` (None: the formats').
+    scale_mode: ``optax_q.adamw``'s ``scale_mode`` (None: the formats'),
+      or ``(field, mode)`` pairs for a mode per moment (hashable, unlike a
+      dict).
   """
 
   name: str
   mu_format: str
   nu_format: str
   rounding: str | None
-  scale_mode: str | None = None
+  scale_mode: str | tuple[tuple[str, str], ...] | None = None
 
   @property
   def is_baseline(self) -> bool:
@@ -117,11 +119,14 @@ def opt_config(mu_format: str, nu_format: str | None = None,
 def parse_config(spec: str) -> OptConfig:
   """``'fp32'``, ``'fp8_e4m3/sr'``, ``'int4+fp4_e2m2u/rn'``, ``'4bit/sr'``;
   a trailing ``'/pow2'`` (``'nf4+ue4m0/sr/pow2'``) stores power-of-two
-  scales."""
-  if spec.endswith('/pow2'):
-    opt = parse_config(spec[:-len('/pow2')])
-    return dataclasses.replace(opt, name=opt.name + '/pow2',
-                               scale_mode='block_pow2')
+  scales, a trailing ``'/rank1'`` the second moment with rank-1 scales
+  (``scale_mode={'nu': 'rank1'}``)."""
+  for suffix, mode in (('/pow2', 'block_pow2'),
+                       ('/rank1', (('nu', 'rank1'),))):
+    if spec.endswith(suffix):
+      opt = parse_config(spec[:-len(suffix)])
+      return dataclasses.replace(opt, name=opt.name + suffix,
+                                 scale_mode=mode)
   fmt, _, tag = spec.partition('/')
   if fmt == 'fp32':
     return FP32
@@ -267,7 +272,9 @@ def _make_optimizer(opt, schedule_args, weight_decay, clip_norm, b1, b2, eps,
         lr, **common, mu_format=opt.mu_format, nu_format=opt.nu_format,
         rounding=(HYBRID_ROUNDING if opt.rounding == 'hybrid'
                   else opt.rounding), block_size=block_size, seed=seed,
-        min_size=min_size, scale_mode=opt.scale_mode)
+        min_size=min_size,
+        scale_mode=(dict(opt.scale_mode)
+                    if isinstance(opt.scale_mode, tuple) else opt.scale_mode))
   return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
 
 

@@ -549,6 +549,8 @@ def main(argv=None):
               git_revision=_common.git_revision(), date=_common.now_utc(),
               machine=_common.machine(), seeds=args.seeds, steps=args.steps,
               codec_shape=args.codec_shape)
+  if args.merge and args.only is None:
+    raise SystemExit('--merge needs --only')
   configs = [c for c in CONFIGS
              if args.only is None or c[0] == 'fp32' or c[0] in args.only]
   unknown = sorted(set(args.only or ()) - {c[0] for c in CONFIGS})
@@ -574,8 +576,6 @@ def main(argv=None):
 def _merged(out, rows, meta, args):
   """``rows`` in place of the same configurations' rows of the published
   file, the others kept (with the commands that measured them)."""
-  if args.only is None:
-    raise SystemExit('--merge needs --only')
   old = json.loads((out / 'lowbit.json').read_text())
   if old['meta']['seeds'] != args.seeds or old['meta']['steps'] != args.steps:
     raise SystemExit('--merge: seeds and steps must be those of the file')

@@ -362,6 +362,47 @@ class StalenessRenderTest(_DocsUnchanged):
 
 class StudyLowbitTest(_DocsUnchanged):
 
+  def test_writes_its_files_recommends_and_merges(self):
+    common = ['--seeds', '0', '--steps', '3', '--codec-shape', '4', '256',
+              '--no-peers', '--out', str(self.out)]
+    result, _ = _quiet(study_lowbit.main, common + [
+        '--only', 'nf4 + ue4m0', 'nf3 + int3_mulaw'])
+    self.assert_wrote('lowbit.json', 'lowbit.md', 'lowbit.png')
+    self.assertEqual(result['recommended_4bit']['adamw_kwargs']['mu_format'],
+                     'nf4')
+    self.assertEqual(result['recommended_3bit']['bits'], 3.25)
+    json.loads((self.out / 'lowbit.json').read_text())  # Strict JSON.
+    # --merge: new rows in place, the others kept with their command.
+    result, _ = _quiet(study_lowbit.main, common + [
+        '--merge', '--only', 'fp8_e4m3_dre', 'nf4 + ue4m0, rank-1 nu'])
+    self.assertEqual([r['config'] for r in result['rows']],
+                     ['fp32', 'nf4 + ue4m0', 'nf3 + int3_mulaw',
+                      'fp8_e4m3_dre', 'nf4 + ue4m0, rank-1 nu'])
+    self.assertEqual(result['rows'][4]['scale_mode'], {'nu': 'rank1'})
+    self.assertLen(result['meta']['earlier'], 1)
+    self.assertIn('Rows of the other configurations',
+                  (self.out / 'lowbit.md').read_text())
+    for bad in (['--merge'], ['--only', 'no such config']):
+      with self.assertRaises(SystemExit):
+        _quiet(study_lowbit.main, common + bad)
+
+  def test_published_page_is_its_json_rendered(self):
+    # The committed page is what --render writes from the committed JSON,
+    # the committed plots embedded.
+    results = _ROOT / 'docs' / 'results'
+    for name in ('staleness_sim.json', 'staleness_sim_tracking.png',
+                 'staleness_sim_stalls.png'):
+      shutil.copy(results / name, self.out / name)
+    _quiet(staleness_simulation.main, ['--render', '--out', str(self.out)])
+    self.assert_wrote('staleness_sim.md')
+    self.assertEqual((self.out / 'staleness_sim.md').read_text(),
+                     (results / 'staleness_sim.md').read_text())
+    self.assertIn('![Stored v over time](staleness_sim_tracking.png)',
+                  (self.out / 'staleness_sim.md').read_text())
+
+
+class StudyLowbitTest(_DocsUnchanged):
+
   def test_writes_its_files_and_recommends(self):
     result, _ = _quiet(study_lowbit.main, [
         '--seeds', '0', '--steps', '3', '--codec-shape', '4', '256',
@@ -372,6 +413,24 @@ class StudyLowbitTest(_DocsUnchanged):
                      'nf4')
     self.assertEqual(result['recommended_3bit']['bits'], 3.25)
     json.loads((self.out / 'lowbit.json').read_text())  # Strict JSON.
+
+  def test_merge_keeps_the_other_rows(self):
+    common = ['--seeds', '0', '--steps', '3', '--codec-shape', '4', '256',
+              '--no-peers', '--out', str(self.out)]
+    _quiet(study_lowbit.main, common + ['--only', 'nf4 + ue4m0'])
+    result, _ = _quiet(study_lowbit.main, common + [
+        '--merge', '--only', 'fp8_e4m3_dre', 'nf4 + ue4m0, rank-1 nu'])
+    self.assertEqual([r['config'] for r in result['rows']],
+                     ['fp32', 'nf4 + ue4m0', 'fp8_e4m3_dre',
+                      'nf4 + ue4m0, rank-1 nu'])
+    self.assertEqual(result['rows'][3]['scale_mode'], {'nu': 'rank1'})
+    self.assertLen(result['meta']['earlier'], 1)
+    self.assertIn('Rows of the other configurations',
+                  (self.out / 'lowbit.md').read_text())
+    with self.assertRaises(SystemExit):
+      _quiet(study_lowbit.main, common + ['--merge'])
+    with self.assertRaises(SystemExit):
+      _quiet(study_lowbit.main, common + ['--only', 'no such config'])
 
   def test_published_page_is_its_json_rendered(self):
     results = _ROOT / 'docs' / 'results'

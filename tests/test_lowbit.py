@@ -389,6 +389,14 @@ class RangeExpansionTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'scale_mode.*dynamic range'):
       optax_q.quantize(jnp.ones((2, 4)), 'fp8_e4m3_dre', scale_mode=mode)
 
+  def test_stall_model_uses_the_base_grid(self):
+    for name in ('fp8_e4m3', 'fp8_e5m2'):
+      self.assertEqual(optax_q.reset_period(name + '_dre', b2=0.999),
+                       optax_q.reset_period(name, b2=0.999))
+      self.assertEqual(
+          optax_q.reset_period(optax_q.get_format(name + '_dre'), b2=0.999),
+          optax_q.reset_period(name, b2=0.999))
+
   def test_alias(self):
     self.assertEqual(optax_q.get_format('fp8_dre').name, 'fp8_e4m3_dre')
     self.assertTrue(optax_q.get_format('e3m2_dre').expand)

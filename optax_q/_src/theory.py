@@ -167,6 +167,11 @@ def _mantissa_bits(fmt: Any) -> int:
   """Stored mantissa bits of ``fmt`` (a name or a format object)."""
   if isinstance(fmt, str):
     key = fmt.strip().lower()
+    if key.endswith('_dre'):
+      # Dynamic range expansion: the base grid's steps (its exponent k
+      # varies by group and is not known here; k >= 1 only makes the steps
+      # finer, so the base grid's period is the shorter, cautious one).
+      return _mantissa_bits(key[:-len('_dre')])
     key = _ALIASES.get(key, key)
     if key in _MANTISSA_BITS:
       return _MANTISSA_BITS[key]
@@ -190,6 +195,8 @@ def _mantissa_bits(fmt: Any) -> int:
         f'fmt must be a format name or an object with `name` and '
         f'`mantissa_bits`, got {fmt!r}. {_SUPPORTED_MSG}')
   mbits = fmt.mantissa_bits
+  if name.strip().lower().endswith('_dre'):
+    return _mantissa_bits(name.strip().lower())
   if name.strip().lower() in _MANTISSA_BITS:
     mbits = _MANTISSA_BITS[name.strip().lower()]  # The stored grid's.
   if name.strip().lower() in _UNSUPPORTED or mbits is None:
