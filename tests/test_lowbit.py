@@ -452,9 +452,9 @@ class RankOneTest(parameterized.TestCase):
     x = jnp.array([[1.0, jnp.nan, 2.0], [3.0, 4.0, 5.0], [0.0, 7.0, 1.0]])
     y = np.asarray(optax_q.dequantize(
         optax_q.quantize(x, 'int8', scale_mode='rank1')))
-    # A NaN poisons its row and its column.
-    np.testing.assert_array_equal(np.isnan(y), [[1, 1, 1], [0, 1, 0],
-                                                [0, 1, 0]])
+    # A NaN decodes to NaN; its row and column keep their other scale.
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(x))
+    np.testing.assert_allclose(y[1:], x[1:], rtol=0.03)
 
   def test_huge_and_tiny_stay_finite(self):
     x = jnp.array([[3e38, 1e-30], [0.0, -3.4e38], [1e-38, 1e-37]])

@@ -363,11 +363,17 @@ def apply_inverse_scale(xb: jax.Array, scale: jax.Array) -> jax.Array:
   last bit. Zero and NaN scales leave the values as they are (an all-zero
   block; a NaN block decodes to NaN by its scale).
   """
+  pre, inv = _reciprocal(scale)
+  return (xb * pre[..., None]) * inv[..., None]
+
+
+def _reciprocal(scale: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(pre, inv)`` with ``x / scale == (x * pre) * inv``, ``inv`` never a
+  flushed subnormal; zero and NaN scales give ``(1, 1)``."""
   safe = jnp.where(scale > 0, scale, jnp.float32(1.0))
   big = safe > jnp.float32(_BIG_SCALE)
   pre = jnp.where(big, jnp.float32(_SPLIT), jnp.float32(1.0))
-  inv = jnp.float32(1.0) / (safe * pre)
-  return (xb * pre[..., None]) * inv[..., None]
+  return pre, jnp.float32(1.0) / (safe * pre)
 
 
 def _encode_values(
@@ -529,18 +535,35 @@ def _rank1_maxima(xf: jax.Array):
 
 def _rank1_scales(x: jax.Array, rows, cols, row_flag, col_flag,
                   fmt: Format):
-  """Per-element scales (laid out like ``x``) and infinity flags."""
-  rows = _along(rows, x, -2)
-  cols = _along(cols, x, -1)
-  flagged = (_along(row_flag, x, -2)[..., :, None]
-             & _along(col_flag, x, -1)[..., None, :])
-  either = (_along(row_flag, x, -2)[..., :, None]
-            | _along(col_flag, x, -1)[..., None, :])
+  """Per-element scales, the factors that apply their inverse (as
+  :func:`apply_inverse_scale`'s), and the infinity flags, laid out like ``x``.
+
+  An element's scale is the smaller of its row's and its column's scale,
+  each the maximum over the target as :func:`block_scale` rounds it (the
+  grid's inner target where the row or the column holds an infinity). Its
+  inverse is that row's or column's reciprocal: everything per element is
+  a selection between values computed once per row and per column, with no
+  per-element division. A NaN maximum is never the smaller one, so a NaN
+  decodes to NaN and the rest of its row and column keep their scales.
+  """
+  rf = _along(row_flag, x, -2)[..., :, None]
+  cf = _along(col_flag, x, -1)[..., None, :]
+  either = rf | cf
   _, _, inner = grid_extremes(fmt)
-  target = jnp.where(either, jnp.float32(inner),
-                     jnp.float32(scale_target(fmt)))
-  absmax = jnp.minimum(rows[..., :, None], cols[..., None, :])
-  return block_scale(absmax, target), flagged
+
+  def side(maxima, axis, spread):
+    maxima = _along(maxima, x, axis)
+    normal, flagged = [
+        [spread(a) for a in (s, *_reciprocal(s))]
+        for s in (block_scale(maxima, scale_target(fmt)),
+                  block_scale(maxima, inner))]
+    return [jnp.where(either, b, a) for a, b in zip(normal, flagged)]
+
+  (sr, pr, ir), (sc, pc, ic) = (side(rows, -2, lambda a: a[..., :, None]),
+                                side(cols, -1, lambda a: a[..., None, :]))
+  use_row = (sr <= sc) | jnp.isnan(sc)
+  pick = lambda a, b: jnp.where(use_row, a, b)
+  return pick(sr, sc), pick(pr, pc), pick(ir, ic), rf & cf
 
 
 def _along(v: jax.Array, x: jax.Array, axis: int) -> jax.Array:
@@ -556,11 +579,8 @@ def _along(v: jax.Array, x: jax.Array, axis: int) -> jax.Array:
 def _encode_rank1(xf, fmt, key, sr_rows):
   """Unpacked codes and stored maxima of ``xf`` (rank >= 2)."""
   rows, cols, row_flag, col_flag = _rank1_maxima(xf)
-  scale, _ = _rank1_scales(xf, rows, cols, row_flag, col_flag, fmt)
-  safe = jnp.where(scale > 0, scale, jnp.float32(1.0))
-  big = safe > jnp.float32(_BIG_SCALE)
-  pre = jnp.where(big, jnp.float32(_SPLIT), jnp.float32(1.0))
-  y = (xf * pre) * (jnp.float32(1.0) / (safe * pre))
+  _, pre, inv, _ = _rank1_scales(xf, rows, cols, row_flag, col_flag, fmt)
+  y = (xf * pre) * inv
   end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
   y = jnp.where(jnp.isinf(xf), jnp.copysign(end, xf), y)
   u = (None if key is None
@@ -578,7 +598,7 @@ def _encode_rank1(xf, fmt, key, sr_rows):
 def _decode_rank1(y: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
   n_rows = y.shape[-2]
   rows, cols = stored[..., 0, :n_rows], stored[..., 0, n_rows:]
-  scale, flagged = _rank1_scales(
+  scale, _, _, flagged = _rank1_scales(
       y, jnp.abs(rows), jnp.abs(cols), jnp.signbit(rows), jnp.signbit(cols),
       fmt)
   out = y * scale
