@@ -91,12 +91,12 @@ class Format:
       stochastic one rounds up with probability equal to the fractional
       position in that space. ``'log'`` and ``'rsqrt'`` need a table of
       positive values.
-    expand: Dynamic range expansion (COAT, Xi et al., 2024; formats named
-      ``<float format>_dre``): each scale group's magnitudes, divided by
-      the group's absolute maximum, are raised to a per-group power ``k``
-      before rounding, ``k`` chosen so that the group's smallest non-zero
-      magnitude lands on the grid's smallest normal value; ``k`` is stored
-      next to the group's maximum (two float32 per group).
+    expand: Dynamic range expansion (COAT, Xi et al., 2024; formats
+      ``fp8_e4m3_dre`` and ``fp8_e5m2_dre``): each scale group's
+      magnitudes, divided by the group's absolute maximum, are raised to a
+      per-group power ``k`` before rounding, the largest power of two up to
+      16 that keeps the group's range inside the grid's normal range; ``k``
+      is stored next to the group's maximum (two float32 per group).
   """
 
   name: str
@@ -365,11 +365,10 @@ def _companded(kind: str, bits: int, signed: bool) -> Format:
 @functools.cache
 def _expanded(fmt: Format) -> Format:
   """``fmt`` with dynamic range expansion (named ``<name>_dre``)."""
-  if fmt.kind != 'float' or not fmt.scaled or fmt.exponent_bits >= 8:
+  if fmt.name not in ('fp8_e4m3', 'fp8_e5m2'):
     raise ValueError(
-        f'Dynamic range expansion (_dre) needs a scaled float grid with '
-        f'fewer than 8 exponent bits (fp8_e4m3, fp8_e5m2, e{{E}}m{{M}} with '
-        f'E < 8), and {fmt.name!r} is not one.')
+        f'Dynamic range expansion (_dre) is an option of the fp8 formats '
+        f'(fp8_e4m3_dre, fp8_e5m2_dre), and {fmt.name!r} is not one.')
   return dataclasses.replace(fmt, name=f'{fmt.name}_dre', expand=True)
 
 
@@ -417,8 +416,8 @@ def _allowed() -> str:
   aliases = ', '.join(f'{a!r} = {n!r}' for a, n in FORMAT_ALIASES.items())
   return (f'{", ".join(FORMAT_NAMES)} (simulated e{{E}}m{{M}} with '
           f'1 <= E <= 8, 0 <= M <= 23; unsigned power-of-two grids '
-          f'ue{{E}}m{{M}} with E >= 1, 3 <= E + M <= 8; <fp8 or e{{E}}m{{M}} '
-          f'with E < 8>_dre for dynamic range expansion); second-moment '
+          f'ue{{E}}m{{M}} with E >= 1, 3 <= E + M <= 8; fp8_e4m3_dre and '
+          f'fp8_e5m2_dre for dynamic range expansion); second-moment '
           f'variants {", ".join(VARIANT_NAMES)}; a codebook followed by '
           f'@<space> rounds in that space, one of {ROUNDING_SPACES}; '
           f'aliases {aliases}')
@@ -467,8 +466,8 @@ def get_format(fmt: str | Format) -> Format:
       ``'int8_dynamic_unsigned'`` and ``'int4_unsigned'``; the low-bit
       codecs ``'nf4'``, ``'nf3'``, ``'ue{E}m{M}'``,
       ``'int{3,4}_{sqrt,mulaw,softsign}'``, a codebook followed by
-      ``'@<space>'``; a scaled float grid followed by ``'_dre'``
-      (``'fp8_e4m3_dre'``: dynamic range expansion, COAT); or an alias of
+      ``'@<space>'``; ``'fp8_e4m3_dre'`` and ``'fp8_e5m2_dre'`` (dynamic
+      range expansion, COAT); or an alias of
       :data:`FORMAT_ALIASES`: ``'fp8'`` is ``'fp8_e4m3'`` and ``'fp4'`` is
       ``'fp4_e2m1'``, everywhere) or a :class:`Format`.
 

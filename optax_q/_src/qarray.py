@@ -610,22 +610,31 @@ def _decode_rank1(y: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
   return out
 
 
-# Bounds of the expansion exponent ``k`` (``<format>_dre``): a group whose
-# magnitudes are all equal would ask for an infinite ``k``; one spanning more
-# than float32's range for a ``k`` near zero.
-K_MIN = 0.25
+# The expansion exponent ``k`` of ``<format>_dre`` is a power of two in
+# [1, K_MAX]: raising to it is repeated squaring and undoing it repeated
+# square roots, both correctly rounded, so the same group gives the same bits
+# whatever the shape, fusion or backend (a float ``k`` would need exp2 and
+# log2, whose compiled approximations differ between vectorized and scalar
+# code), and cheap. ``k >= 1`` only expands: a group wider than the grid is
+# stored as plain fp8 stores it, and stochastic rounding stays unbiased in
+# the expanded value with a bounded error in the value itself.
 K_MAX = 16.0
+_K_STEPS = 4  # log2(K_MAX)
 
 
 def range_exponent(xb: jax.Array, finite: jax.Array, absmax: jax.Array,
                    fmt: Format) -> jax.Array:
-  """COAT's exponent ``k`` per group of blocked values ``xb``.
+  """COAT's exponent ``k`` per group of blocked values ``xb``, as a power of
+  two (float32).
 
-  ``k = log(R_fmt) / log(R_x)``: ``R_x`` is the ratio of the group's
-  largest to its smallest non-zero finite magnitude, ``R_fmt`` that of the
-  grid's largest value to its smallest normal one, so that
-  ``(|x| / max|x|)**k`` spans the grid's normal range. Clipped to
-  ``[K_MIN, K_MAX]``; a group without two distinct magnitudes gets ``K_MAX``.
+  COAT takes ``k = log(R_fmt) / log(R_x)``: ``R_x`` the ratio of the
+  group's largest to its smallest non-zero finite magnitude, ``R_fmt`` that
+  of the grid's largest value to its smallest (subnormal) one, so that
+  ``(|x| / max|x|)**k`` spans the grid's range. Here ``k`` is the largest
+  power of two in [1, ``K_MAX``] with ``(1 / R_x)**k >= 1 / R_fmt``, decided
+  by the same repeated squaring that expands the values (exact, so the same
+  group gets the same ``k`` whatever the shape): ``floor`` of COAT's ``k``
+  to a power of two. A group of one magnitude gets ``K_MAX``.
 
   References:
     Xi et al, `COAT: Compressing Optimizer states and Activation for
@@ -633,31 +642,45 @@ def range_exponent(xb: jax.Array, finite: jax.Array, absmax: jax.Array,
   """
   nonzero = finite & (xb != 0)
   absmin = jnp.min(jnp.where(nonzero, jnp.abs(xb), jnp.float32(jnp.inf)),
-                   axis=-1)
-  span = jnp.log2(absmax) - jnp.log2(absmin)
-  fmt_span = jnp.float32(math.log2(fmt.max_value / fmt.min_normal))
-  k = jnp.where(span > 0, fmt_span / jnp.where(span > 0, span, 1.0),
-                jnp.float32(K_MAX))
-  return jnp.clip(k, jnp.float32(K_MIN), jnp.float32(K_MAX))
+                   axis=-1, initial=jnp.inf)
+  usable = jnp.isfinite(absmin) & (absmax > 0) & jnp.isfinite(absmax)
+  pre, inv = _reciprocal(jnp.where(usable, absmax, jnp.float32(1.0)))
+  ratio = (jnp.where(usable, absmin, jnp.float32(1.0)) * pre) * inv
+  floor = jnp.float32(fmt.min_positive / fmt.max_value)
+  steps = jnp.zeros(ratio.shape, jnp.int32)
+  for j in range(1, _K_STEPS + 1):
+    ratio = ratio * ratio
+    steps = steps + (ratio >= floor).astype(jnp.int32)
+  return jnp.ldexp(jnp.float32(1.0), steps)
+
+
+def _exponent_steps(k: jax.Array) -> jax.Array:
+  """``log2(k)`` of a stored power-of-two ``k`` (anything else: 0)."""
+  return sum((k >= jnp.float32(2.0**j)).astype(jnp.int32)
+             for j in range(1, _K_STEPS + 1))
 
 
 def _expand(r: jax.Array, k: jax.Array, target: jax.Array) -> jax.Array:
-  """``sign(r) target |r|**k``, per group, for ``|r| <= 1``."""
-  y = jnp.exp2(k[..., None] * jnp.log2(jnp.abs(r)))
+  """``sign(r) target |r|**k``, per group, for ``|r| <= 1`` (``k`` a power
+  of two: repeated squaring)."""
+  steps = _exponent_steps(k)[..., None]
+  y = jnp.abs(r)
+  for j in range(_K_STEPS):
+    y = jnp.where(steps > j, y * y, y)
   return jnp.copysign(target[..., None] * y, r)
 
 
 def _contract(yb: jax.Array, k: jax.Array, flagged: jax.Array,
               fmt: Format) -> jax.Array:
   """Inverse of :func:`_expand` up to the group maximum:
-  ``sign(y) (|y| / target)**(1/k)``, at most 1 in magnitude."""
+  ``sign(y) (|y| / target)**(1/k)`` by repeated square roots, at most 1."""
   _, _, inner = grid_extremes(fmt)
   inv_t = jnp.where(flagged, jnp.float32(1.0 / inner),
                     jnp.float32(1.0 / scale_target(fmt)))
-  # A product with the reciprocal taken once per group, never a division
-  # by a broadcast k (which XLA rewrites for some shapes only).
-  inv_k = jnp.float32(1.0) / k
-  r = jnp.exp2(jnp.log2(jnp.abs(yb) * inv_t) * inv_k)
+  steps = _exponent_steps(k)
+  r = jnp.abs(yb) * inv_t
+  for j in range(_K_STEPS):
+    r = jnp.where(steps > j, jnp.sqrt(r), r)
   return jnp.copysign(jnp.minimum(r, jnp.float32(1.0)), yb)
 
 
