@@ -223,6 +223,62 @@ class FiniteInFiniteOutTest(parameterized.TestCase):
       self.assertTrue(np.all(np.isfinite(out)))
 
 
+class NarrowSimulatedGridTest(parameterized.TestCase):
+  """Simulated grids of 3 and 4 bits are values in bf16, never packed."""
+
+  @parameterized.parameters('e1m2', 'e1m1', 'e2m0', 'e3m0')
+  def test_round_trip_on_the_grid(self, name):
+    fmt = optax_q.get_format(name)
+    self.assertFalse(fmt.packed)
+    grid = formats_lib._float_grid(fmt.exponent_bits, fmt.mantissa_bits,
+                                   fmt.max_value)
+    x = jnp.asarray([v / fmt.max_value for v in grid if v > 0], jnp.float32)
+    q = optax_q.quantize(x, name, scale_mode='tensor')
+    np.testing.assert_allclose(optax_q.dequantize(q), x, rtol=1e-6)
+    self.assertEqual(q.codes.dtype, jnp.bfloat16)
+
+
+class WideStochasticRoundingTest(parameterized.TestCase):
+  """Stochastic rounding of grids with 21 or more mantissa bits."""
+
+  @parameterized.parameters('e7m23', 'e6m22', 'e7m21')
+  def test_values_on_the_grid_stay(self, name):
+    # 2.0 and 1e-3 next to infinities: their block's scale makes them
+    # values above 2^22 on the integer grid, where y + u would round.
+    x = jnp.array([jnp.inf, -jnp.inf, 2.0, 1e-3])
+    for seed in range(8):
+      y = optax_q.dequantize(optax_q.quantize(
+          x, name, rounding='stochastic', block_size=4, seed=seed))
+      np.testing.assert_array_equal(np.isinf(y), np.isinf(x))
+      np.testing.assert_allclose(y[2:], x[2:], rtol=1e-5)
+
+  def test_unbiased_above_two_to_the_22(self):
+    from optax_q._src import rounding  # pylint: disable=g-import-not-at-top
+    y = jnp.full((4096,), 2.0**22 + 0.5)
+    u = rounding.uniform(jnp.uint32(7), y.shape)
+    r = rounding.round_int(y, u)
+    self.assertEqual(set(np.unique(np.asarray(r))), {2.0**22, 2.0**22 + 1})
+    self.assertAlmostEqual(float(jnp.mean(r - 2.0**22)), 0.5, delta=0.03)
+    np.testing.assert_array_equal(rounding.round_int(y - 0.5, u), y - 0.5)
+
+
+class InfinityNextToHugeTest(parameterized.TestCase):
+  """A block with an infinity and a value near float32's maximum, in a grid
+  whose inner target is below one: the finite value stays finite."""
+
+  @parameterized.product(name=('nf4', 'ue4m0', 'int4_mulaw', 'nf3'),
+                         mode=('block', 'row', 'tensor'))
+  def test_finite_stays_finite(self, name, mode):
+    x = jnp.array([jnp.inf, 3e38, 1.0, 2.0])
+    fmt = optax_q.get_format(name)
+    q = optax_q.quantize(x if fmt.signed else jnp.abs(x), fmt,
+                         scale_mode=mode, block_size=4)
+    y = np.asarray(optax_q.dequantize(q))
+    self.assertEqual(y[0], np.inf)
+    self.assertTrue(np.all(np.isfinite(y[1:])), y)
+    self.assertGreater(y[1], 1e38)
+
+
 class EmptyArrayTest(parameterized.TestCase):
 
   @parameterized.product(fmt=('fp4_e2m1', 'int4', 'int8', 'fp8_e4m3'),

@@ -129,8 +129,9 @@ class Format:
   @property
   def packed(self) -> bool:
     """Whether codes are packed (4-bit two per byte, 3-bit eight per three
-    bytes)."""
-    return self.bits in PACKED_BITS
+    bytes). Codes of simulated float grids are values in their container
+    (bf16), never packed, however few bits the grid has."""
+    return self.bits in PACKED_BITS and self.kind != 'float'
 
   @property
   def dtype(self) -> np.dtype:

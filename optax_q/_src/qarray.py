@@ -346,7 +346,11 @@ def block_scale(absmax: jax.Array, target: jax.Array | float) -> jax.Array:
   (``target * scale``) never overflows to infinity.
   """
   target = jnp.asarray(target, jnp.float32)
-  scale = absmax * (jnp.float32(1.0) / target)
+  # A target below one (a block with an infinity in a grid whose inner
+  # value is below one) may take a huge maximum past float32: saturate, and
+  # let the encoder clip the values to the target.
+  scale = jnp.minimum(absmax * (jnp.float32(1.0) / target),
+                      jnp.float32(_F32_MAX))
   for _ in range(2):
     scale = jnp.where(scale * target > absmax,
                       jnp.nextafter(scale, jnp.float32(0)), scale)
@@ -511,7 +515,10 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
     y = apply_inverse_scale(xb, scale)
     stored = jnp.where(has_inf, -scale, scale)
   end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
-  y = jnp.where(is_inf, jnp.copysign(end, xb), y)
+  # A block's finite values stay inside its target (a saturated scale may
+  # leave them above it), so that only infinities take the end codes.
+  limit = target[..., None]
+  y = jnp.where(is_inf, jnp.copysign(end, xb), jnp.clip(y, -limit, limit))
   codes = _encode_values(y, fmt, u, positive=xb > 0)
   return _unblocked(codes, xf), stored
 

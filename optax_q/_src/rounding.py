@@ -103,10 +103,18 @@ def uniform(key: jax.Array, shape, *, row_stride: int = 1,
 
 
 def round_int(y: jax.Array, u: jax.Array | None) -> jax.Array:
-  """Rounds to integers: half-to-even when ``u`` is None, else stochastic."""
+  """Rounds to integers: half-to-even when ``u`` is None, else stochastic.
+
+  Stochastic: up with probability ``y - floor(y)``, decided by comparing
+  ``u`` with ``1 - (y - floor(y))`` (the fraction is exact). Not as
+  ``floor(y + u)``: float32 rounds the sum itself, so an integer ``y``
+  (a value already on the grid) would go up whenever ``u`` is within half a
+  step of ``y`` below one, which from ``2**21`` on is one draw in eight.
+  """
   if u is None:
     return jnp.round(y)
-  return jnp.floor(y + u)
+  low = jnp.floor(y)
+  return low + (u >= jnp.float32(1.0) - (y - low)).astype(y.dtype)
 
 
 def round_float_grid(
