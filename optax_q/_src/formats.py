@@ -95,7 +95,7 @@ class Format:
       ``fp8_e4m3_dre`` and ``fp8_e5m2_dre``): each scale group's
       magnitudes, divided by the group's absolute maximum, are raised to a
       per-group power ``k`` before rounding, the largest power of two up to
-      16 that keeps the group's range inside the grid's normal range; ``k``
+      4 that keeps the group's range inside the grid's range; ``k``
       is stored next to the group's maximum (two float32 per group).
   """
 

@@ -491,6 +491,11 @@ def encode(
 def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
   """Unpacked codes and stored scales of float32 ``xf`` (rank >= 1)."""
   xb = _blocked(xf, scale_mode, block_size)
+  if fmt.expand:
+    # Read by two reductions and the expansion: computed once (the
+    # compiler would otherwise fuse the producer, a whole decode and
+    # update, into each of them).
+    xb = lax.optimization_barrier(xb)
   is_inf = jnp.isinf(xb)
   # The scale follows the finite values (NaN propagates into it); an
   # infinity takes the grid's end code of its sign, and its block's
@@ -585,6 +590,8 @@ def _along(v: jax.Array, x: jax.Array, axis: int) -> jax.Array:
 
 def _encode_rank1(xf, fmt, key, sr_rows):
   """Unpacked codes and stored maxima of ``xf`` (rank >= 2)."""
+  # Read by the row and column reductions and the scaling: computed once.
+  xf = lax.optimization_barrier(xf)
   rows, cols, row_flag, col_flag = _rank1_maxima(xf)
   _, pre, inv, _ = _rank1_scales(xf, rows, cols, row_flag, col_flag, fmt)
   y = (xf * pre) * inv
@@ -625,8 +632,8 @@ def _decode_rank1(y: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
 # code), and cheap. ``k >= 1`` only expands: a group wider than the grid is
 # stored as plain fp8 stores it, and stochastic rounding stays unbiased in
 # the expanded value with a bounded error in the value itself.
-K_MAX = 16.0
-_K_STEPS = 4  # log2(K_MAX)
+K_MAX = 4.0
+_K_STEPS = 2  # log2(K_MAX)
 
 
 def range_exponent(xb: jax.Array, finite: jax.Array, absmax: jax.Array,
@@ -641,7 +648,10 @@ def range_exponent(xb: jax.Array, finite: jax.Array, absmax: jax.Array,
   power of two in [1, ``K_MAX``] with ``(1 / R_x)**k >= 1 / R_fmt``, decided
   by the same repeated squaring that expands the values (exact, so the same
   group gets the same ``k`` whatever the shape): ``floor`` of COAT's ``k``
-  to a power of two. A group of one magnitude gets ``K_MAX``.
+  to a power of two. A group of one magnitude gets ``K_MAX``. (A larger
+  ``K_MAX`` than 4 changed no codec error we measured on Gaussian and
+  Student-t moments, and costs one more square root per element in every
+  decode.)
 
   References:
     Xi et al, `COAT: Compressing Optimizer states and Activation for
