@@ -96,7 +96,7 @@ class Format:
       magnitudes, divided by the group's absolute maximum, are raised to a
       per-group power ``k`` before rounding, the largest power of two up to
       4 that keeps the group's range inside the grid's range; ``k``
-      is stored next to the group's maximum (two float32 per group).
+      is kept in the two low mantissa bits of the group's float32 maximum.
   """
 
   name: str

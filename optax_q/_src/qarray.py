@@ -183,23 +183,17 @@ def is_qarray(x: Any) -> bool:
   return isinstance(x, QArray)
 
 
-def scale_shape(shape, scale_mode: str, block_size: int,
-                expand: bool = False) -> tuple[int, ...]:
-  """Shape of the scales for a logical ``shape``.
-
-  With dynamic range expansion (``expand``) each group holds two float32,
-  its absolute maximum and its exponent ``k``, along one more axis.
-  """
-  extra = (2,) if expand and scale_mode != 'none' else ()
+def scale_shape(shape, scale_mode: str, block_size: int) -> tuple[int, ...]:
+  """Shape of the scales for a logical ``shape``."""
   if scale_mode == 'none':
     return ()
   if scale_mode == 'rank1':
     return tuple(shape[:-2]) + (1, shape[-2] + shape[-1])
   if not shape or scale_mode == 'tensor':
-    return (1,) * len(shape) + extra
+    return (1,) * len(shape)
   if scale_mode == 'row':
-    return tuple(shape[:-1]) + (1,) + extra
-  return tuple(shape[:-1]) + (-(-shape[-1] // block_size),) + extra
+    return tuple(shape[:-1]) + (1,)
+  return tuple(shape[:-1]) + (-(-shape[-1] // block_size),)
 
 
 def check_layout(fmt: Format, scale_mode: str, name: str = 'scale_mode',
@@ -482,8 +476,7 @@ def encode(
     # keep their packed shape (3,)).
     codes = codes.reshape(()) if codes.size == 1 else codes
     if scale is not None:
-      scale = scale.reshape(scale_shape((), scale_mode, block_size,
-                                        fmt.expand))
+      scale = scale.reshape(())
   return QArray(codes, scale, fmt, shape, dtype, scale_mode,
                 block_size if scale_mode in BLOCK_MODES else 0)
 
@@ -491,11 +484,6 @@ def encode(
 def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
   """Unpacked codes and stored scales of float32 ``xf`` (rank >= 1)."""
   xb = _blocked(xf, scale_mode, block_size)
-  if fmt.expand:
-    # Read by two reductions and the expansion: computed once (the
-    # compiler would otherwise fuse the producer, a whole decode and
-    # update, into each of them).
-    xb = lax.optimization_barrier(xb)
   is_inf = jnp.isinf(xb)
   # The scale follows the finite values (NaN propagates into it); an
   # infinity takes the grid's end code of its sign, and its block's
@@ -512,9 +500,10 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
     stored = pow2_scale(absmax, target, has_inf)
     y = scale_by_exponent(xb, stored, inverse=True)
   elif fmt.expand:
-    k = range_exponent(xb, ~is_inf, absmax, fmt)
-    y = _expand(apply_inverse_scale(xb, absmax), k, target)
-    stored = jnp.stack([jnp.where(has_inf, -absmax, absmax), k], axis=-1)
+    steps = range_exponent(xb, ~is_inf, absmax, fmt)
+    stored = with_exponent(absmax, steps)
+    y = _expand(apply_inverse_scale(xb, group_maximum(stored)), steps, target)
+    stored = jnp.where(has_inf, -stored, stored)
   else:
     scale = block_scale(absmax, target)
     y = apply_inverse_scale(xb, scale)
@@ -551,28 +540,27 @@ def _rank1_scales(x: jax.Array, rows, cols, row_flag, col_flag,
   :func:`apply_inverse_scale`'s), and the infinity flags, laid out like ``x``.
 
   An element's scale is the smaller of its row's and its column's scale,
-  each the maximum over the target as :func:`block_scale` rounds it (the
-  grid's inner target where the row or the column holds an infinity). Its
-  inverse is that row's or column's reciprocal: everything per element is
-  a selection between values computed once per row and per column, with no
-  per-element division. A NaN maximum is never the smaller one, so a NaN
-  decodes to NaN and the rest of its row and column keep their scales.
+  each the maximum over the target as :func:`block_scale` rounds it; a row
+  or column holding an infinity takes the grid's inner target, so that an
+  element of both (an infinity's place) never reaches an end code with a
+  finite value. Its inverse is that row's or column's reciprocal:
+  everything per element is a selection between values computed once per
+  row and per column, with no per-element division. A NaN maximum is never
+  the smaller one, so a NaN decodes to NaN and the rest of its row and
+  column keep their scales.
   """
-  rf = _along(row_flag, x, -2)[..., :, None]
-  cf = _along(col_flag, x, -1)[..., None, :]
-  either = rf | cf
   _, _, inner = grid_extremes(fmt)
 
-  def side(maxima, axis, spread):
-    maxima = _along(maxima, x, axis)
-    normal, flagged = [
-        [spread(a) for a in (s, *_reciprocal(s))]
-        for s in (block_scale(maxima, scale_target(fmt)),
-                  block_scale(maxima, inner))]
-    return [jnp.where(either, b, a) for a, b in zip(normal, flagged)]
+  def side(maxima, flag, axis):
+    maxima, flag = _along(maxima, x, axis), _along(flag, x, axis)
+    target = jnp.where(flag, jnp.float32(inner),
+                       jnp.float32(scale_target(fmt)))
+    scale = block_scale(maxima, target)
+    return (scale, *_reciprocal(scale), flag)
 
-  (sr, pr, ir), (sc, pc, ic) = (side(rows, -2, lambda a: a[..., :, None]),
-                                side(cols, -1, lambda a: a[..., None, :]))
+  (sr, pr, ir, rf), (sc, pc, ic, cf) = (
+      [a[..., :, None] for a in side(rows, row_flag, -2)],
+      [a[..., None, :] for a in side(cols, col_flag, -1)])
   use_row = (sr <= sc) | jnp.isnan(sc)
   pick = lambda a, b: jnp.where(use_row, a, b)
   return pick(sr, sc), pick(pr, pc), pick(ir, ic), rf & cf
@@ -590,8 +578,6 @@ def _along(v: jax.Array, x: jax.Array, axis: int) -> jax.Array:
 
 def _encode_rank1(xf, fmt, key, sr_rows):
   """Unpacked codes and stored maxima of ``xf`` (rank >= 2)."""
-  # Read by the row and column reductions and the scaling: computed once.
-  xf = lax.optimization_barrier(xf)
   rows, cols, row_flag, col_flag = _rank1_maxima(xf)
   _, pre, inv, _ = _rank1_scales(xf, rows, cols, row_flag, col_flag, fmt)
   y = (xf * pre) * inv
@@ -631,15 +617,41 @@ def _decode_rank1(y: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
 # log2, whose compiled approximations differ between vectorized and scalar
 # code), and cheap. ``k >= 1`` only expands: a group wider than the grid is
 # stored as plain fp8 stores it, and stochastic rounding stays unbiased in
-# the expanded value with a bounded error in the value itself.
+# the expanded value with a bounded error in the value itself. Its
+# ``log2`` (0, 1 or 2) is kept in the two lowest mantissa bits of the
+# group's float32 maximum, which is rounded down to free them (a relative
+# change below 2**-22): the layout, the sharding and the bytes are those of
+# plain block scales (8.25 bits per element at block 128).
 K_MAX = 4.0
 _K_STEPS = 2  # log2(K_MAX)
+_STEP_BITS = 3  # The low mantissa bits that hold log2(k).
+
+
+def with_exponent(absmax: jax.Array, steps: jax.Array) -> jax.Array:
+  """A group's stored maximum: ``absmax`` (>= 0) rounded down to a multiple
+  of four units in the last place, ``steps`` = log2(k) in the freed bits."""
+  bits = lax.bitcast_convert_type(absmax, jnp.uint32)
+  bits = (bits & ~jnp.uint32(_STEP_BITS)) | steps.astype(jnp.uint32)
+  return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def group_maximum(stored: jax.Array) -> jax.Array:
+  """The maximum a group's values are scaled by (its low bits cleared)."""
+  bits = lax.bitcast_convert_type(jnp.abs(stored), jnp.uint32)
+  return lax.bitcast_convert_type(bits & ~jnp.uint32(_STEP_BITS),
+                                  jnp.float32)
+
+
+def exponent_steps(stored: jax.Array) -> jax.Array:
+  """``log2(k)`` of a group (int32), from its stored maximum."""
+  bits = lax.bitcast_convert_type(jnp.abs(stored), jnp.uint32)
+  return (bits & jnp.uint32(_STEP_BITS)).astype(jnp.int32)
 
 
 def range_exponent(xb: jax.Array, finite: jax.Array, absmax: jax.Array,
                    fmt: Format) -> jax.Array:
-  """COAT's exponent ``k`` per group of blocked values ``xb``, as a power of
-  two (float32).
+  """``log2`` of COAT's exponent ``k`` per group of blocked values ``xb``,
+  ``k`` a power of two (int32 in [0, log2(K_MAX)]).
 
   COAT takes ``k = log(R_fmt) / log(R_x)``: ``R_x`` the ratio of the
   group's largest to its smallest non-zero finite magnitude, ``R_fmt`` that
@@ -648,10 +660,9 @@ def range_exponent(xb: jax.Array, finite: jax.Array, absmax: jax.Array,
   power of two in [1, ``K_MAX``] with ``(1 / R_x)**k >= 1 / R_fmt``, decided
   by the same repeated squaring that expands the values (exact, so the same
   group gets the same ``k`` whatever the shape): ``floor`` of COAT's ``k``
-  to a power of two. A group of one magnitude gets ``K_MAX``. (A larger
-  ``K_MAX`` than 4 changed no codec error we measured on Gaussian and
-  Student-t moments, and costs one more square root per element in every
-  decode.)
+  to a power of two. A group of one magnitude gets ``K_MAX``. (A ``K_MAX``
+  above 4 changed no codec error we measured on Gaussian and Student-t
+  moments, and costs one more square root per element in every decode.)
 
   References:
     Xi et al, `COAT: Compressing Optimizer states and Activation for
@@ -665,36 +676,29 @@ def range_exponent(xb: jax.Array, finite: jax.Array, absmax: jax.Array,
   ratio = (jnp.where(usable, absmin, jnp.float32(1.0)) * pre) * inv
   floor = jnp.float32(fmt.min_positive / fmt.max_value)
   steps = jnp.zeros(ratio.shape, jnp.int32)
-  for j in range(1, _K_STEPS + 1):
+  for _ in range(_K_STEPS):
     ratio = ratio * ratio
     steps = steps + (ratio >= floor).astype(jnp.int32)
-  return jnp.ldexp(jnp.float32(1.0), steps)
+  return steps
 
 
-def _exponent_steps(k: jax.Array) -> jax.Array:
-  """``log2(k)`` of a stored power-of-two ``k`` (anything else: 0)."""
-  return sum((k >= jnp.float32(2.0**j)).astype(jnp.int32)
-             for j in range(1, _K_STEPS + 1))
-
-
-def _expand(r: jax.Array, k: jax.Array, target: jax.Array) -> jax.Array:
-  """``sign(r) target |r|**k``, per group, for ``|r| <= 1`` (``k`` a power
-  of two: repeated squaring)."""
-  steps = _exponent_steps(k)[..., None]
+def _expand(r: jax.Array, steps: jax.Array, target: jax.Array) -> jax.Array:
+  """``sign(r) target |r|**k``, per group, for ``|r| <= 1`` (``k`` =
+  ``2**steps``: repeated squaring)."""
+  steps = steps[..., None]
   y = jnp.abs(r)
   for j in range(_K_STEPS):
     y = jnp.where(steps > j, y * y, y)
   return jnp.copysign(target[..., None] * y, r)
 
 
-def _contract(yb: jax.Array, k: jax.Array, flagged: jax.Array,
+def _contract(yb: jax.Array, steps: jax.Array, flagged: jax.Array,
               fmt: Format) -> jax.Array:
   """Inverse of :func:`_expand` up to the group maximum:
   ``sign(y) (|y| / target)**(1/k)`` by repeated square roots, at most 1."""
   _, _, inner = grid_extremes(fmt)
   inv_t = jnp.where(flagged, jnp.float32(1.0 / inner),
                     jnp.float32(1.0 / scale_target(fmt)))
-  steps = _exponent_steps(k)
   r = jnp.abs(yb) * inv_t
   for j in range(_K_STEPS):
     r = jnp.where(steps > j, jnp.sqrt(r), r)
@@ -786,17 +790,15 @@ def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
     yb = _blocked(y, q.scale_mode, q.block_size)
     y = _unblocked(scale_by_exponent(yb, scale), y)
   elif q.scale is not None:
-    scale = q.scale.reshape(scale_shape(flat_shape, q.scale_mode,
-                                        q.block_size, q.fmt.expand))
+    scale = q.scale.reshape(1) if not shape else q.scale
     yb = _blocked(y, q.scale_mode, q.block_size)
-    if q.fmt.expand:
-      scale, k = scale[..., 0], scale[..., 1]
     magnitude = jnp.abs(scale)[..., None]
     # A block with its scale's sign bit set holds infinities at the grid's
     # end codes (|scale| + inf: NaN in a NaN block).
     flagged = jnp.signbit(scale)[..., None]
     if q.fmt.expand:
-      out = magnitude * _contract(yb, k[..., None], flagged, q.fmt)
+      out = group_maximum(scale)[..., None] * _contract(
+          yb, exponent_steps(scale)[..., None], flagged, q.fmt)
     else:
       out = yb * magnitude
     lo, hi, _ = grid_extremes(q.fmt)
@@ -974,6 +976,6 @@ def check_qarray(q: QArray) -> None:
   if tuple(q.codes.shape) != tuple(expected):
     raise ValueError(f'codes shape {q.codes.shape} != expected {expected}.')
   if q.scale is not None:
-    s = scale_shape(q.shape, q.scale_mode, q.block_size, q.fmt.expand)
+    s = scale_shape(q.shape, q.scale_mode, q.block_size)
     if tuple(q.scale.shape) != s:
       raise ValueError(f'scale shape {q.scale.shape} != expected {s}.')
