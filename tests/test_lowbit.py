@@ -431,6 +431,15 @@ class RangeExpansionTest(parameterized.TestCase):
     self.assertEqual(float(jnp.max(jnp.abs(q[:, 0] - 3e37) / 3e37)) < 0.07,
                      True)
 
+  def test_subnormals_give_the_same_bits_eager_and_jitted(self):
+    x = jnp.array([[1.0, 1e-40, 0.5, 0.25], [1e-37, 1e-38, 5e-38, 2e-38]])
+    enc = lambda x: optax_q.quantize(x, 'fp8_e4m3_dre', block_size=4)
+    eager, jitted = enc(x), jax.jit(enc)(x)
+    np.testing.assert_array_equal(np.asarray(eager.scale).view(np.uint32),
+                                  np.asarray(jitted.scale).view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(eager.codes),
+                                  np.asarray(jitted.codes))
+
   def test_same_bits_eager_jit_and_by_row(self):
     x = jax.random.normal(jax.random.key(3), (3, 130)) * jnp.exp(
         jax.random.normal(jax.random.key(4), (3, 130)))

@@ -668,7 +668,9 @@ def range_exponent(xb: jax.Array, finite: jax.Array, absmax: jax.Array,
     Xi et al, `COAT: Compressing Optimizer states and Activation for
     Memory-Efficient FP8 Training <https://arxiv.org/abs/2410.19313>`_, 2024
   """
-  nonzero = finite & (xb != 0)
+  # Subnormals count as zero: eager execution flushes them and a compiled
+  # fusion may not, and the same group must get the same k either way.
+  nonzero = finite & (jnp.abs(xb) >= jnp.float32(np.finfo(np.float32).tiny))
   absmin = jnp.min(jnp.where(nonzero, jnp.abs(xb), jnp.float32(jnp.inf)),
                    axis=-1, initial=jnp.inf)
   usable = jnp.isfinite(absmin) & (absmax > 0) & jnp.isfinite(absmax)
