@@ -488,8 +488,7 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
   # The scale follows the finite values (NaN propagates into it); an
   # infinity takes the grid's end code of its sign, and its block's
   # scale is stored negated (sign bit set) to say so.
-  absmax = jnp.max(jnp.where(is_inf, 0.0, jnp.abs(xb)), axis=-1,
-                   initial=0.0)
+  absmax = finite_maximum(xb, is_inf, axis=-1)
   has_inf = jnp.any(is_inf, axis=-1)
   _, _, inner = grid_extremes(fmt)
   target = jnp.where(has_inf, jnp.float32(inner),
@@ -524,13 +523,26 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
 # its maximum stored negated, as a flagged block's scale is.
 
 
+def finite_maximum(x: jax.Array, is_inf: jax.Array, axis: int) -> jax.Array:
+  """The largest finite magnitude along ``axis`` (0 if none), NaN where a
+  NaN is there.
+
+  A NaN is counted as an infinity and the result mapped back: XLA's CPU
+  maximum reduction drops NaNs from rows of 256 and more (vectorized), which
+  would hide a NaN in some shapes and not in others.
+  """
+  mag = jnp.where(jnp.isnan(x), jnp.float32(jnp.inf),
+                  jnp.where(is_inf, jnp.float32(0), jnp.abs(x)))
+  top = jnp.max(mag, axis=axis, initial=0.0)
+  return jnp.where(jnp.isinf(top), jnp.float32(jnp.nan), top)
+
+
 def _rank1_maxima(xf: jax.Array):
   """Row and column maxima of the finite magnitudes, and the infinity flags
   of rows and columns, of ``xf`` (rank >= 2, the last two axes)."""
   is_inf = jnp.isinf(xf)
-  mag = jnp.where(is_inf, jnp.float32(0), jnp.abs(xf))
-  rows = jnp.max(mag, axis=-1, initial=0.0)
-  cols = jnp.max(mag, axis=-2, initial=0.0)
+  rows = finite_maximum(xf, is_inf, axis=-1)
+  cols = finite_maximum(xf, is_inf, axis=-2)
   return rows, cols, jnp.any(is_inf, axis=-1), jnp.any(is_inf, axis=-2)
 
 
