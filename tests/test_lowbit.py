@@ -485,13 +485,18 @@ class RankOneTest(parameterized.TestCase):
     self.assertEqual(q.scale.shape, (1, 768))
     self.assertEqual(8 * q.nbytes / v.size, 4 + 32 * 768 / v.size)
 
-  def test_leading_axes_are_batch_axes(self):
+  def test_a_tensor_takes_the_smallest_of_its_slices_maxima(self):
     x = jax.random.normal(jax.random.key(0), (3, 8, 16))
-    q = optax_q.quantize(x, 'nf4', scale_mode='rank1', rounding='stochastic')
-    self.assertEqual(q.scale.shape, (3, 1, 24))
-    for i in range(3):
-      qi = optax_q.quantize(x[i], 'nf4', scale_mode='rank1')
-      np.testing.assert_array_equal(q.scale[i], qi.scale)
+    q = optax_q.quantize(x, 'int8', scale_mode='rank1', rounding='stochastic')
+    self.assertEqual(q.scale.shape, (1, 1, 27))
+    a = np.abs(np.asarray(x))
+    want = np.concatenate([a.max((1, 2)), a.max((0, 2)), a.max((0, 1))])
+    np.testing.assert_array_equal(np.asarray(q.scale).reshape(-1), want)
+    scale = np.minimum(np.minimum(a.max((1, 2))[:, None, None],
+                                  a.max((0, 2))[None, :, None]),
+                       a.max((0, 1))[None, None, :])
+    y = np.asarray(optax_q.dequantize(q))
+    self.assertLessEqual(np.max(np.abs(y - np.asarray(x)) / scale), 1 / 127)
 
   def test_infinity_and_nan(self):
     x = jnp.array([[1.0, jnp.inf, 2.0], [3.0, 4.0, 5.0],

@@ -188,7 +188,7 @@ def scale_shape(shape, scale_mode: str, block_size: int) -> tuple[int, ...]:
   if scale_mode == 'none':
     return ()
   if scale_mode == 'rank1':
-    return tuple(shape[:-2]) + (1, shape[-2] + shape[-1])
+    return (1,) * (len(shape) - 1) + (sum(shape),)
   if not shape or scale_mode == 'tensor':
     return (1,) * len(shape)
   if scale_mode == 'row':
@@ -516,11 +516,13 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
   return _unblocked(codes, xf), stored
 
 
-# Rank-1 normalisation (``'rank1'``): each element of a matrix is scaled by
-# the smaller of its row's and its column's absolute maximum (Li et al.,
-# 2023). The maxima are stored side by side, rows first, as one float32 array
-# of shape (..., 1, rows + columns); a row or column holding an infinity has
-# its maximum stored negated, as a flagged block's scale is.
+# Rank-1 normalisation (``'rank1'``): each element is scaled by the smallest
+# of the absolute maxima of the slices through it, one per axis: for a
+# matrix the smaller of its row's and its column's maximum (Li et al., 2023),
+# for a tensor of rank p the smallest of p. The maxima are stored one axis
+# after another as one float32 array of shape (1, ..., 1, sum(shape)); a
+# slice holding an infinity has its maximum stored negated, as a flagged
+# block's scale is.
 
 
 def finite_maximum(x: jax.Array, is_inf: jax.Array, axis: int) -> jax.Array:
@@ -538,81 +540,85 @@ def finite_maximum(x: jax.Array, is_inf: jax.Array, axis: int) -> jax.Array:
 
 
 def _rank1_maxima(xf: jax.Array):
-  """Row and column maxima of the finite magnitudes, and the infinity flags
-  of rows and columns, of ``xf`` (rank >= 2, the last two axes)."""
+  """Per axis, the maxima of the finite magnitudes of the slices through
+  each index of that axis, and their infinity flags (rank >= 2)."""
   is_inf = jnp.isinf(xf)
-  rows = finite_maximum(xf, is_inf, axis=-1)
-  cols = finite_maximum(xf, is_inf, axis=-2)
-  return rows, cols, jnp.any(is_inf, axis=-1), jnp.any(is_inf, axis=-2)
+  out = []
+  for axis in range(xf.ndim):
+    others = tuple(a for a in range(xf.ndim) if a != axis)
+    out.append((finite_maximum(xf, is_inf, axis=others),
+                jnp.any(is_inf, axis=others)))
+  return out
 
 
-def _rank1_scales(x: jax.Array, rows, cols, row_flag, col_flag,
-                  fmt: Format):
+def _rank1_scales(x: jax.Array, maxima, fmt: Format):
   """Per-element scales, the factors that apply their inverse (as
   :func:`apply_inverse_scale`'s), and the infinity flags, laid out like ``x``.
 
-  An element's scale is the smaller of its row's and its column's scale,
-  each the maximum over the target as :func:`block_scale` rounds it; a row
-  or column holding an infinity takes the grid's inner target, so that an
-  element of both (an infinity's place) never reaches an end code with a
-  finite value. Its inverse is that row's or column's reciprocal:
-  everything per element is a selection between values computed once per
-  row and per column, with no per-element division. A NaN maximum is never
-  the smaller one, so a NaN decodes to NaN and the rest of its row and
-  column keep their scales.
+  An element's scale is the smallest of its slices' scales, each the
+  maximum over the target as :func:`block_scale` rounds it; a slice holding
+  an infinity takes the grid's inner target, so that an element of flagged
+  slices along every axis (an infinity's place) never reaches an end code
+  with a finite value. Its inverse is that slice's reciprocal: everything
+  per element is a selection between values computed once per slice, with
+  no per-element division. A NaN maximum is never taken over a number, so a
+  NaN decodes to NaN and an element with another slice free of NaN keeps
+  its value.
   """
   _, _, inner = grid_extremes(fmt)
-
-  def side(maxima, flag, axis):
-    maxima, flag = _along(maxima, x, axis), _along(flag, x, axis)
+  best = None
+  for axis, (m, flag) in enumerate(maxima):
+    m, flag = _along(m, x, axis), _along(flag, x, axis)
     target = jnp.where(flag, jnp.float32(inner),
                        jnp.float32(scale_target(fmt)))
-    scale = block_scale(maxima, target)
-    return (scale, *_reciprocal(scale), flag)
-
-  (sr, pr, ir, rf), (sc, pc, ic, cf) = (
-      [a[..., :, None] for a in side(rows, row_flag, -2)],
-      [a[..., None, :] for a in side(cols, col_flag, -1)])
-  use_row = (sr <= sc) | jnp.isnan(sc)
-  pick = lambda a, b: jnp.where(use_row, a, b)
-  return pick(sr, sc), pick(pr, pc), pick(ir, ic), rf & cf
+    scale = block_scale(m, target)
+    shape = [1] * x.ndim
+    shape[axis] = x.shape[axis]
+    side = [a.reshape(shape) for a in (scale, *_reciprocal(scale), flag)]
+    if best is None:
+      best = side
+      continue
+    take = (side[0] < best[0]) | (jnp.isnan(best[0]) & ~jnp.isnan(side[0]))
+    best = [jnp.where(take, a, b) for a, b in zip(side[:3], best[:3])] + [
+        best[3] & side[3]]
+  return tuple(best)
 
 
 def _along(v: jax.Array, x: jax.Array, axis: int) -> jax.Array:
-  """Maxima ``v`` of ``x`` along one axis, sharded like that axis of ``x``
-  (so that broadcasting them back against ``x`` gathers nothing)."""
+  """Maxima ``v`` of the slices through each index of ``x``'s ``axis``,
+  sharded like that axis (so that broadcasting them back against ``x``
+  gathers nothing)."""
   spec = explicit.spec_of(x)
   if spec is None:
     return v
-  keep = spec[:-2] + (spec[axis],)
-  return explicit.reshard(v, explicit.with_spec(x, keep))
+  return explicit.reshard(v, explicit.with_spec(x, (spec[axis],)))
 
 
 def _encode_rank1(xf, fmt, key, sr_rows):
   """Unpacked codes and stored maxima of ``xf`` (rank >= 2)."""
-  rows, cols, row_flag, col_flag = _rank1_maxima(xf)
-  _, pre, inv, _ = _rank1_scales(xf, rows, cols, row_flag, col_flag, fmt)
+  maxima = _rank1_maxima(xf)
+  _, pre, inv, _ = _rank1_scales(xf, maxima, fmt)
   y = (xf * pre) * inv
   end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
   y = jnp.where(jnp.isinf(xf), jnp.copysign(end, xf), y)
   u = (None if key is None
        else rounding_lib.uniform(key, xf.shape, **sr_rows))
   codes = _encode_values(y, fmt, u, positive=xf > 0)
-  signed = [jnp.where(f, -m, m) for m, f in
-            ((rows, row_flag), (cols, col_flag))]
+  signed = [jnp.where(f, -m, m) for m, f in maxima]
   replicated = [explicit.reshard(m, None if explicit.spec_of(m) is None
-                                 else explicit.with_spec(m, (None,) * m.ndim))
+                                 else explicit.with_spec(m, (None,)))
                 for m in signed]
-  stored = jnp.concatenate(replicated, axis=-1)[..., None, :]
+  stored = jnp.concatenate(replicated).reshape(
+      (1,) * (xf.ndim - 1) + (sum(xf.shape),))
   return codes, stored
 
 
 def _decode_rank1(y: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
-  n_rows = y.shape[-2]
-  rows, cols = stored[..., 0, :n_rows], stored[..., 0, n_rows:]
-  scale, _, _, flagged = _rank1_scales(
-      y, jnp.abs(rows), jnp.abs(cols), jnp.signbit(rows), jnp.signbit(cols),
-      fmt)
+  flat = stored.reshape(-1)
+  bounds = np.cumsum((0,) + y.shape)
+  maxima = [(jnp.abs(flat[a:b]), jnp.signbit(flat[a:b]))
+            for a, b in zip(bounds[:-1], bounds[1:])]
+  scale, _, _, flagged = _rank1_scales(y, maxima, fmt)
   out = y * scale
   lo, hi, _ = grid_extremes(fmt)
   inf = scale + jnp.float32(jnp.inf)

@@ -479,7 +479,8 @@ def quantize_state(
       element for a 4-bit state at block 128 instead of 4.25); a block
       holding an infinity or a NaN then decodes to NaN. ``'rank1'`` scales
       each element of a matrix by the smaller of its row's and its column's
-      absolute maximum (Li et al., 2023; leading axes are batch axes); a
+      absolute maximum (Li et al., 2023; an element of a tensor of rank p
+      by the smallest of its p slices' maxima, one per axis); a
       leaf of rank < 2 falls back to ``'block'``, and a rank-1 leaf is
       updated whole, never in tiles.
     track_stalls: Keep the per-leaf stalled fraction of the last step in the
