@@ -157,13 +157,13 @@ ALL_CODECS = (
        ('fp8_e4m3', 'tensor', 'nearest'), ('fp8_e4m3', 'none', 'nearest'),
        ('nf4', None, 'stochastic'), ('nf3', 'row', 'nearest'),
        ('int4_mulaw@sqrt', None, 'stochastic'), ('ue5m3', None, 'nearest'),
-       ('fp8_e5m2_dre', 'row', 'nearest'), ('int4', 'rank1', 'nearest')])
+       ('fp8_e5m2_dre', 'row', 'nearest'), ('int4', 'rank1', 'nearest'),
+       ('ue4m0', 'rank1', 'stochastic')])
 SOME_CODECS = (('int4', None, 'stochastic'), ('int8_dynamic', None, 'nearest'),
                ('fp8_e4m3', 'tensor', 'stochastic'),
                ('ue3m0@rsqrt', None, 'stochastic'),
                ('nf4', 'block_pow2', 'stochastic'),
-               ('fp8_e4m3_dre', None, 'stochastic'),
-               ('ue4m0', 'rank1', 'stochastic'))
+               ('fp8_e4m3_dre', None, 'stochastic'))
 
 
 class CodecTest(parameterized.TestCase):

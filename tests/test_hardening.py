@@ -283,9 +283,9 @@ class NaNInLongRowsTest(parameterized.TestCase):
   """A NaN surfaces whatever the shape (XLA's CPU maximum drops NaNs from
   long rows)."""
 
-  @parameterized.product(shape=((8, 512), (4096,), (64, 256)),
-                         mode=('block', 'row', 'tensor', 'rank1'),
-                         name=('int8', 'fp8_e4m3_dre', 'nf4'))
+  @parameterized.product(shape=((8, 512), (4096,)),
+                         mode=('block', 'tensor', 'rank1'),
+                         name=('int8', 'fp8_e4m3_dre'))
   def test_nan_decodes_to_nan(self, shape, mode, name):
     if mode == 'rank1' and len(shape) < 2:
       return
