@@ -507,13 +507,32 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
     scale = block_scale(absmax, target)
     y = apply_inverse_scale(xb, scale)
     stored = jnp.where(has_inf, -scale, scale)
-  end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
   # A block's finite values stay inside its target (a saturated scale may
   # leave them above it), so that only infinities take the end codes.
   limit = target[..., None]
-  y = jnp.where(is_inf, jnp.copysign(end, xb), jnp.clip(y, -limit, limit))
+  y = _mark_infinities(jnp.clip(y, -limit, limit), xb, fmt)
   codes = _encode_values(y, fmt, u, positive=xb > 0)
   return _unblocked(codes, xf), stored
+
+
+def _mark_infinities(y: jax.Array, x: jax.Array, fmt: Format) -> jax.Array:
+  """Scaled values ``y`` with the infinities of ``x`` at the grid's end
+  code of their sign (beyond the grid, so they round onto it)."""
+  end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
+  return jnp.where(jnp.isinf(x), jnp.copysign(end, x), y)
+
+
+def _restore_infinities(out: jax.Array, y: jax.Array, magnitude: jax.Array,
+                        flagged: jax.Array, fmt: Format) -> jax.Array:
+  """Decoded ``out`` with infinities where a flagged element (a block, or
+  every slice through it, held one) has an end code ``y`` of the grid
+  (``magnitude + inf``: NaN where the scale is NaN)."""
+  lo, hi, _ = grid_extremes(fmt)
+  inf = magnitude + jnp.float32(jnp.inf)
+  out = jnp.where(flagged & (y >= jnp.float32(hi)), inf, out)
+  if fmt.signed:
+    out = jnp.where(flagged & (y <= jnp.float32(lo)), -inf, out)
+  return out
 
 
 # Rank-1 normalisation (``'rank1'``): each element is scaled by the smallest
@@ -598,9 +617,7 @@ def _encode_rank1(xf, fmt, key, sr_rows):
   """Unpacked codes and stored maxima of ``xf`` (rank >= 2)."""
   maxima = _rank1_maxima(xf)
   _, pre, inv, _ = _rank1_scales(xf, maxima, fmt)
-  y = (xf * pre) * inv
-  end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
-  y = jnp.where(jnp.isinf(xf), jnp.copysign(end, xf), y)
+  y = _mark_infinities((xf * pre) * inv, xf, fmt)
   u = (None if key is None
        else rounding_lib.uniform(key, xf.shape, **sr_rows))
   codes = _encode_values(y, fmt, u, positive=xf > 0)
@@ -619,13 +636,7 @@ def _decode_rank1(y: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
   maxima = [(jnp.abs(flat[a:b]), jnp.signbit(flat[a:b]))
             for a, b in zip(bounds[:-1], bounds[1:])]
   scale, _, _, flagged = _rank1_scales(y, maxima, fmt)
-  out = y * scale
-  lo, hi, _ = grid_extremes(fmt)
-  inf = scale + jnp.float32(jnp.inf)
-  out = jnp.where(flagged & (y >= jnp.float32(hi)), inf, out)
-  if fmt.signed:
-    out = jnp.where(flagged & (y <= jnp.float32(lo)), -inf, out)
-  return out
+  return _restore_infinities(y * scale, y, scale, flagged, fmt)
 
 
 # The expansion exponent ``k`` of ``<format>_dre`` is a power of two in
@@ -821,12 +832,8 @@ def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
           yb, exponent_steps(scale)[..., None], flagged, q.fmt)
     else:
       out = yb * magnitude
-    lo, hi, _ = grid_extremes(q.fmt)
-    inf = magnitude + jnp.float32(jnp.inf)
-    out = jnp.where(flagged & (yb >= jnp.float32(hi)), inf, out)
-    if q.fmt.signed:
-      out = jnp.where(flagged & (yb <= jnp.float32(lo)), -inf, out)
-    y = _unblocked(out, y)
+    y = _unblocked(
+        _restore_infinities(out, yb, magnitude, flagged, q.fmt), y)
   return y.reshape(shape).astype(dtype)
 
 
