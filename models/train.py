@@ -503,6 +503,7 @@ def train(
     desc: str | None = None,
     unit: str | None = None,
     seed: int = 0,
+    after_step: Callable[[int, Any], Any] | None = None,
 ) -> TrainResult:
   """Train ``model`` with ``tx`` for ``steps`` updates.
 
@@ -540,6 +541,12 @@ def train(
     unit: ``'tokens'`` or ``'examples'`` for the throughput; inferred from
       the batch (integer ``(batch, length)`` inputs count tokens).
     seed: seed of the per-step PRNG key given to ``loss_fn``.
+    after_step: ``after_step(step, opt_state) -> opt_state``, called after
+      each update with the number of updates applied, outside the compiled
+      step (e.g. ``optax_q.relayout(state, step=step)``). A state of a new
+      structure compiles the step once for it; with a ``mesh`` its
+      buffers keep the placement ``after_step`` gave them (pass
+      ``param_shardings`` to ``optax_q.relayout``).
 
   Returns:
     A :class:`TrainResult`.
@@ -649,6 +656,13 @@ def train(
       params, opt_state, (loss, aux) = step_fn(
           params, opt_state, batch, jnp.asarray(step, jnp.int32))
       step += 1
+      if after_step is not None:
+        before = jax.tree.structure(opt_state)
+        opt_state = after_step(step, opt_state)
+        if mesh is not None and jax.tree.structure(opt_state) != before:
+          out_shardings = (param_shardings, jax.tree.map(
+              lambda x: x.sharding, opt_state), rep)
+          step_fn = _train_step_fn(model, tx, loss_fn, seed, out_shardings)
       if step < steps:  # Overlap host-side batch preparation with compute.
         batch = place_batch(next_batch(step), mesh)
       loss = float(loss)

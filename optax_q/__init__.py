@@ -13,6 +13,14 @@
 # limitations under the License.
 """optax_q: Optax transforms with small, low-precision optimizer state."""
 
+from optax_q._src.adaptive import adaptive_bits
+from optax_q._src.adaptive import AdaptiveBitsState
+from optax_q._src.adaptive import bit_layout
+from optax_q._src.adaptive import bit_widths
+from optax_q._src.adaptive import BitPolicy
+from optax_q._src.adaptive import BitStatistics
+from optax_q._src.adaptive import relayout
+from optax_q._src.adaptive import ZONES
 from optax_q._src.alias import adam
 from optax_q._src.alias import adamw
 from optax_q._src.alias import lion
@@ -55,6 +63,9 @@ from optax_q._src.transform import StorageConfig
 __version__ = '0.1.0'
 
 __all__ = (
+    'AdaptiveBitsState',
+    'BitPolicy',
+    'BitStatistics',
     'FORMAT_ALIASES',
     'FORMAT_NAMES',
     'Format',
@@ -65,8 +76,11 @@ __all__ = (
     'ScaleByAdamLocalAgeState',
     'StorageConfig',
     'adam',
+    'adaptive_bits',
     'adam_with_resets',
     'adamw',
+    'bit_layout',
+    'bit_widths',
     'cycle_staleness',
     'dequantize',
     'effective_decay',
@@ -79,6 +93,7 @@ __all__ = (
     'quantize',
     'quantize_state',
     'quantized_leaves',
+    'relayout',
     'reset_period',
     'reset_state',
     'reset_where',
@@ -93,4 +108,5 @@ __all__ = (
     'statistical_error',
     'transient_stall_probability',
     'unsigned_variant',
+    'ZONES',
 )

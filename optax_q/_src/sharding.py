@@ -44,6 +44,7 @@ from jax.sharding import PartitionSpec
 
 from optax_q._src import explicit
 from optax_q._src import qarray as qarray_lib
+from optax_q._src import state_tree
 
 
 def _fit(sharding: NamedSharding, shape, *, strict: bool, what: str
@@ -269,6 +270,9 @@ def _visit(node, path: str, ctx: _Context):
     return ctx.param_def.unflatten([
         _slot_sharding(x, s, strict=ctx.strict, what=f'state{path}{n}')
         for x, s, n in zip(slots, ctx.shardings, ctx.names)])
+  if state_tree.is_telemetry(node):  # Per-leaf statistics: replicated.
+    rep = NamedSharding(ctx.shardings[0].mesh, PartitionSpec())
+    return jax.tree.map(lambda _: rep, node)
   if _is_leaf(node):
     return _replicated(node, path, ctx)
   children, node_def = jax.tree_util.tree_flatten_with_path(

@@ -73,6 +73,12 @@ def is_box(x: Any) -> bool:
           and is_float_array(children[0][1]))
 
 
+def is_telemetry(x: Any) -> bool:
+  """Whether ``x`` is a node of per-leaf statistics (its class sets
+  ``is_telemetry``): not moments, replicated, not counted as state bits."""
+  return getattr(type(x), 'is_telemetry', False) is True
+
+
 def rebox(box: Any, value: Any) -> Any:
   """``box`` with its one child replaced by ``value`` (metadata kept)."""
   return jax.tree.structure(box).unflatten([value])

@@ -52,7 +52,10 @@ def state_nbytes(state: Any) -> int:
 def _moment_leaves(state: Any):
   """(elements, bytes, quantized) per state moment buffer (rank >= 1)."""
   out = []
-  for x in jax.tree.leaves(state, is_leaf=qarray_lib.is_qarray):
+  for x in jax.tree.leaves(state, is_leaf=lambda y: qarray_lib.is_qarray(y)
+                           or state_tree.is_telemetry(y)):
+    if state_tree.is_telemetry(x):
+      continue  # Statistics kept per leaf (adaptive bit-widths), not moments.
     if qarray_lib.is_qarray(x) and x.ndim >= 1:
       out.append((x.size, state_nbytes(x), True))  # Boxed codes too.
     elif state_tree.is_float_array(x) and len(x.shape) >= 1:

@@ -1,0 +1,599 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Dynamic bit-widths against fixed 8-bit, fixed 4-bit and float32 states.
+
+Trains the precision study's byte-level GPT and a small ViT on the digits
+data with AdamW whose moments are stored in float32, fixed 8-bit
+(``int8_dynamic``), fixed 4-bit (``nf4`` + ``ue4m0``) or formats chosen per
+leaf as training goes (``optax_q.adaptive_bits``), 3 seeds each, and
+writes ``bits.json``, ``bits.md`` and the bit-width-by-layer plots
+(``bits_<task>.png``, as Fig. 6 of the STQuant paper) to ``--out``.
+
+Bits per state element are measured on the real buffers (codes and scales;
+``optax_q.state_bits_per_element``), averaged over the steps of the run
+(each layout weighted by the steps it was held) and at the end. The
+statistics' step-time overhead is timed on the same formats held fixed, in
+one interleaved run.
+
+  python examples/study_bits.py                          # quick, minutes
+  python examples/study_bits.py --mode full --out docs/results
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+import statistics
+import time
+
+import _common  # pylint: disable=g-bad-import-order
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import optax_q
+from models import data
+from models import sharding as model_sharding
+from models import train
+from models import vit
+
+NAME = 'bits'
+
+# Ladders. 'adaptive': the library's defaults (3.25, 4.25 and 8.25 bits);
+# 'adaptive_pow2': the same codes with power-of-two scales (3.06, 4.06,
+# 8.06 bits), for the 4-bit goal; 'adaptive_16': the defaults with a 16-bit
+# rung (bf16) on top.
+POW2 = {
+    'mu': (('nf3', 'block_pow2'), ('nf4', 'block_pow2'),
+           ('int8_dynamic', 'block_pow2')),
+    'nu': (('int3_mulaw', 'block_pow2'), ('ue4m0', 'block_pow2'),
+           ('int8_dynamic', 'block_pow2')),
+}
+WITH_16 = {
+    'mu': ('nf3', 'nf4', 'int8_dynamic', 'bf16'),
+    'nu': ('int3_mulaw', 'ue4m0', 'int8_dynamic', 'bf16'),
+}
+CONFIGS = ('fp32', 'int8', '4bit', 'adaptive', 'adaptive_pow2',
+           'adaptive_16')
+FIXED = {
+    'fp32': _common.FP32,
+    'int8': _common.opt_config('int8_dynamic', name='int8'),
+    '4bit': _common.opt_config('nf4', 'ue4m0', name='4bit'),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+  lm: _common.RunConfig
+  vit_steps: int
+  period: int
+
+
+MODES = {
+    'quick': Mode(
+        lm=_common.RunConfig(
+            d_model=64, num_layers=1, num_heads=4, seq_len=64, batch_size=16,
+            steps=200, learning_rate=3e-3, warmup_steps=20, eval_every=50,
+            eval_batches=16),
+        vit_steps=200, period=10),
+    'full': Mode(
+        lm=_common.RunConfig(
+            d_model=128, num_layers=2, num_heads=4, seq_len=64, batch_size=16,
+            steps=1000, learning_rate=3e-3, warmup_steps=100, eval_every=200,
+            eval_batches=32),
+        vit_steps=1000, period=25),
+}
+VIT = dict(d_model=64, num_layers=2, num_heads=4)
+VIT_BATCH = 64
+VIT_LR = 1e-3
+
+TARGETS = dict(bits_paper=5.1, bits_goal=4.0, rel_gap=0.005,
+               overhead=0.05)
+
+
+# ----------------------------------------------------------------------------
+# Optimizers.
+# ----------------------------------------------------------------------------
+
+
+def adaptive_kwargs(config: str, cfg: _common.RunConfig, period: int,
+                    steps: int) -> dict:
+  """The ``adaptive_bits`` arguments of an adaptive configuration."""
+  kwargs = dict(period=period, patience=2, anneal=1.0, anneal_steps=steps,
+                min_size=cfg.min_size, block_size=cfg.block_size,
+                elementwise=True)
+  if config == 'adaptive_pow2':
+    kwargs.update(candidates=POW2)
+  elif config == 'adaptive_16':
+    kwargs.update(candidates=WITH_16)
+  return kwargs
+
+
+@functools.lru_cache(maxsize=64)
+def make_tx(config: str, cfg: _common.RunConfig, lr: float, steps: int,
+            warmup: int, period: int, seed: int):
+  """Clipping, then AdamW with its moments stored as ``config`` says."""
+  if config in FIXED:
+    cfg = dataclasses.replace(cfg, learning_rate=lr, steps=steps,
+                              warmup_steps=warmup)
+    return _common.make_optimizer(FIXED[config], cfg, seed)
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, lr, warmup, steps, lr * cfg.final_lr_fraction)
+  adam = optax_q.adaptive_bits(
+      optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps), seed=seed,
+      **adaptive_kwargs(config, cfg, period, steps))
+  return optax.chain(
+      optax.clip_by_global_norm(cfg.clip_norm), adam,
+      optax.add_decayed_weights(cfg.weight_decay,
+                                lambda p: jax.tree.map(lambda x: x.ndim >= 2,
+                                                       p)),
+      optax.scale_by_learning_rate(schedule))
+
+
+# ----------------------------------------------------------------------------
+# Runs.
+# ----------------------------------------------------------------------------
+
+
+class Recorder:
+  """Relayouts between steps and the bits they leave, step by step."""
+
+  def __init__(self, initial_state):
+    self.events = [self._snapshot(0, initial_state)]
+
+  @staticmethod
+  def _snapshot(step, state):
+    return dict(
+        step=step,
+        bits=optax_q.state_bits_per_element(state),
+        bits_quantized=optax_q.state_bits_per_element(
+            state, quantized_only=True),
+        leaves=optax_q.bit_widths(state))
+
+  def __call__(self, step, state):
+    new = optax_q.relayout(state, step=step)
+    if new is not state:
+      self.events.append(self._snapshot(step, new))
+    return new
+
+  def time_average(self, key: str, steps: int) -> float:
+    total = 0.0
+    for e, nxt in zip(self.events, self.events[1:] + [dict(step=steps)]):
+      total += e[key] * (nxt['step'] - e['step'])
+    return total / max(steps, 1)
+
+
+def _task_setup(task: str, mode: Mode, corpus):
+  """``(model, loss_fn, eval_fn, params_of(seed), batches_of(seed), steps,
+  lr, warmup, run_config)`` of a task."""
+  cfg = mode.lm
+  if task == 'lm':
+    model = _common.make_model(cfg)
+    return (model, train.lm_loss, _common.make_eval_fn(cfg, corpus),
+            lambda s: _common.init_params(model, s),
+            lambda s: data.lm_batches(corpus.train, cfg.batch_size,
+                                      cfg.seq_len, seed=s),
+            cfg.steps, cfg.learning_rate, cfg.warmup_steps, cfg)
+  digits = corpus
+  model = vit.ViT(**VIT)
+  eval_fn = train.make_eval_fn(
+      data.array_eval_batches(digits.x_val, digits.y_val),
+      train.classification_loss, metrics={'accuracy': train.accuracy})
+  steps = mode.vit_steps
+  return (model, train.classification_loss, eval_fn,
+          lambda s: model_sharding.init_params(model, digits.x_train[:1],
+                                               seed=s),
+          lambda s: data.array_batches(digits.x_train, digits.y_train,
+                                       VIT_BATCH, seed=s),
+          steps, VIT_LR, steps // 10, cfg)
+
+
+def run_one(task, config, seed, mode: Mode, setup, progress):
+  """One training run; returns its row and, for adaptive runs, the events."""
+  (model, loss_fn, eval_fn, params_of, batches_of, steps, lr, warmup,
+   cfg) = setup
+  tx = make_tx(config, cfg, lr, steps, warmup, mode.period, seed)
+  params = params_of(seed)
+  recorder = None
+  if config not in FIXED:
+    recorder = Recorder(jax.eval_shape(tx.init, params))
+  result = train.train(
+      model, params, tx, batches_of(seed), steps=steps, loss_fn=loss_fn,
+      eval_fn=eval_fn, eval_every=max(steps // 5, 1), progress=progress,
+      desc=f'{task} {config}', after_step=recorder)
+  state = result.opt_state
+  times = result.step_times[1:]
+  step_fn = train._train_step_fn(model, tx, loss_fn, 0, None)  # pylint: disable=protected-access
+  final = result.evals[-1]
+  row = dict(
+      task=task, config=config, seed=seed,
+      final_val_loss=final['loss'], val_accuracy=final.get('accuracy'),
+      final_train_loss=float(result.final_loss),
+      bits_final=optax_q.state_bits_per_element(state),
+      bits_final_quantized=optax_q.state_bits_per_element(
+          state, quantized_only=True),
+      state_bytes=int(optax_q.state_nbytes(state)),
+      step_ms_median=1e3 * float(np.median(times)),
+      compiled_steps=int(step_fn._cache_size()),  # pylint: disable=protected-access
+  )
+  if recorder is None:
+    row.update(bits_mean=row['bits_final'],
+               bits_mean_quantized=row['bits_final_quantized'],
+               relayouts=0)
+    return row, None, state
+  row.update(
+      bits_mean=recorder.time_average('bits', steps),
+      bits_mean_quantized=recorder.time_average('bits_quantized', steps),
+      bits_peak=max(e['bits'] for e in recorder.events),
+      relayouts=len(recorder.events) - 1,
+      commit_bound=1 + steps // (mode.period * 2))
+  return row, recorder.events, state
+
+
+# ----------------------------------------------------------------------------
+# Overhead of the statistics.
+# ----------------------------------------------------------------------------
+
+
+def measure_overhead(state, params, config, cfg, mode: Mode, reps: int):
+  """Optimizer step with statistics against the same formats held fixed.
+
+  Both steps decode, update and encode the same leaves in the same formats
+  (those of ``state``, the end of an adaptive run); the adaptive one also
+  gathers the statistics (every step, and every ``period`` steps) and
+  decides at its period. Interleaved; medians of ``reps`` calls each.
+  """
+  layout = optax_q.bit_layout(state)
+  adam = optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
+  kwargs = adaptive_kwargs(config, cfg, mode.period, 10**6)
+  prefix = next(iter(layout)).split('inner/inner_state/')[0]
+  inner_layout = {k[len(prefix) + len('inner/inner_state/'):]: v
+                  for k, v in layout.items()}
+
+  def fmt_of(path, leaf):
+    del leaf
+    entry = inner_layout.get(path)
+    return None if entry is None else entry.split('/')[0]
+
+  modes = {p: v.split('/')[1] for p, v in inner_layout.items()}
+  scale_modes = {}
+  for p, m in modes.items():
+    scale_modes.setdefault(p.split('/')[0], set()).add(m)
+  scale_mode = {f: m.pop() for f, m in scale_modes.items() if len(m) == 1}
+  txs = {
+      'fixed': optax_q.quantize_state(
+          adam, formats=fmt_of, scale_mode=scale_mode or None,
+          min_size=cfg.min_size, block_size=cfg.block_size,
+          elementwise=True),
+      'adaptive': optax_q.adaptive_bits(adam, **kwargs),
+      f'adaptive, statistics every {mode.period}': optax_q.adaptive_bits(
+          adam, sample_every=mode.period, **kwargs),
+  }
+  grads = jax.tree.map(
+      lambda p, k: 1e-3 * jax.random.normal(k, p.shape, p.dtype), params,
+      jax.tree.unflatten(jax.tree.structure(params), list(jax.random.split(
+          jax.random.key(0), len(jax.tree.leaves(params))))))
+  steps, states = {}, {}
+  for name, tx in txs.items():
+    s = tx.init(params)
+    if name != 'fixed':
+      s = optax_q.relayout(s, {prefix_free(k): v for k, v in layout.items()})
+    else:
+      got = {k: v for k, v in ((p, f'{q.fmt.name}/{q.scale_mode}')
+                               for p, q in optax_q.quantized_leaves(
+                                   s).items())}
+      want = {'inner_state/' + k: v for k, v in inner_layout.items()}
+      assert got == want, (got, want)
+
+    @jax.jit
+    def step(p, s, g, tx=tx):
+      u, s = tx.update(g, s, p)
+      return optax.apply_updates(p, u), s
+
+    steps[name], states[name] = step, s
+  times = {name: [] for name in txs}
+  for name in txs:  # Compile and warm up.
+    out = steps[name](params, states[name], grads)
+    jax.block_until_ready(out)
+  for _ in range(reps):
+    for name in txs:
+      t0 = time.perf_counter()
+      jax.block_until_ready(steps[name](params, states[name], grads))
+      times[name].append(time.perf_counter() - t0)
+  med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+  return dict(
+      reps=reps, step_ms={k: v for k, v in med.items()},
+      overhead={k: med[k] / med['fixed'] - 1 for k in med if k != 'fixed'})
+
+
+def prefix_free(path: str) -> str:
+  """A layout path of a chained state as seen from the adaptive state."""
+  return 'inner/inner_state/' + path.split('inner/inner_state/', 1)[1]
+
+
+# ----------------------------------------------------------------------------
+# Summary and outputs.
+# ----------------------------------------------------------------------------
+
+
+def _std(xs):
+  return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+def summarize(rows):
+  out = []
+  for task in dict.fromkeys(r['task'] for r in rows):
+    by = {}
+    for r in rows:
+      if r['task'] == task:
+        by.setdefault(r['config'], {})[r['seed']] = r
+    base = by.get('fp32', {})
+    spread = _std([r['final_val_loss'] for r in base.values()])
+    for config, seeds in by.items():
+      paired = sorted(set(seeds) & set(base))
+      gaps = [seeds[s]['final_val_loss'] - base[s]['final_val_loss']
+              for s in paired]
+      rel = [g / base[s]['final_val_loss'] for g, s in zip(gaps, paired)]
+      rs = list(seeds.values())
+      acc = [r['val_accuracy'] for r in rs if r['val_accuracy'] is not None]
+      s = dict(
+          task=task, config=config, seeds=sorted(seeds),
+          mean_val_loss=statistics.fmean(r['final_val_loss'] for r in rs),
+          std_val_loss=_std([r['final_val_loss'] for r in rs]),
+          mean_accuracy=statistics.fmean(acc) if acc else None,
+          mean_gap=statistics.fmean(gaps) if gaps else math.nan,
+          std_gap=_std(gaps),
+          mean_rel_gap=statistics.fmean(rel) if rel else math.nan,
+          fp32_seed_spread=spread,
+          bits_mean=statistics.fmean(r['bits_mean'] for r in rs),
+          bits_mean_quantized=statistics.fmean(
+              r['bits_mean_quantized'] for r in rs),
+          bits_final=statistics.fmean(r['bits_final'] for r in rs),
+          bits_peak=max(r.get('bits_peak', r['bits_final']) for r in rs),
+          relayouts=max(r['relayouts'] for r in rs),
+          compiled_steps=max(r['compiled_steps'] for r in rs),
+          step_ms_median=statistics.median(r['step_ms_median'] for r in rs),
+      )
+      within = (abs(s['mean_gap']) <= spread or s['mean_gap'] <= 0
+                or s['mean_rel_gap'] <= TARGETS['rel_gap'])
+      s['quality_met'] = None if config == 'fp32' else bool(within)
+      out.append(s)
+  return out
+
+
+def plot_bits(events, steps, path, title):
+  """Bits per element of every adapted leaf over training (Fig. 6)."""
+  # pylint: disable-next=import-outside-toplevel
+  from matplotlib.figure import Figure
+  names = list(events[0]['leaves'])
+  grid = np.zeros((len(names), steps))
+  for e, nxt in zip(events, events[1:] + [dict(step=steps)]):
+    for i, n in enumerate(names):
+      grid[i, e['step']:nxt['step']] = e['leaves'][n]
+  labels = [n.split('inner/inner_state/')[-1] for n in names]
+  fig = Figure(figsize=(10, 0.22 * len(names) + 1.6), layout='constrained')
+  ax = fig.subplots()
+  im = ax.imshow(grid, aspect='auto', interpolation='nearest', cmap='viridis',
+                 extent=(0, steps, len(names) - 0.5, -0.5), vmin=3, vmax=16)
+  ax.set_yticks(range(len(names)))
+  ax.set_yticklabels(labels, fontsize=6)
+  ax.set_xlabel('step')
+  fig.colorbar(im, ax=ax, label='stored bits per element')
+  ax.set_title(title, fontsize=9)
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110)
+  return path
+
+
+def _yes_no(all_bits, quantized_bits, bound):
+  if all_bits <= bound:
+    return 'yes'
+  if quantized_bits <= bound:
+    return 'quantized leaves only'
+  return '**no**'
+
+
+def render_markdown(meta, summary):
+  header = ('task', 'config', 'bits/elem (mean over steps)',
+            'quantized leaves only', 'final', 'peak', 'final val loss',
+            'gap to fp32', 'rel. gap', 'layouts (compiled steps)', 'step ms',
+            'within fp32 quality')
+  rows = []
+  for s in summary:
+    met = {None: '', True: 'yes', False: '**no**'}[s['quality_met']]
+    loss = f"{s['mean_val_loss']:.4f} ± {s['std_val_loss']:.4f}"
+    if s['mean_accuracy'] is not None:
+      loss += f" (acc {100 * s['mean_accuracy']:.1f}%)"
+    rows.append((
+        s['task'], f"`{s['config']}`", f"{s['bits_mean']:.2f}",
+        '—' if s['config'] == 'fp32' else
+        f"{s['bits_mean_quantized']:.2f}", f"{s['bits_final']:.2f}",
+        f"{s['bits_peak']:.2f}", loss,
+        '—' if s['config'] == 'fp32' else
+        f"{s['mean_gap']:+.4f} ± {s['std_gap']:.4f}",
+        '—' if s['config'] == 'fp32' else f"{100 * s['mean_rel_gap']:+.2f}%",
+        f"{s['relayouts'] + 1} ({s['compiled_steps']})",
+        f"{s['step_ms_median']:.0f}", met))
+  lm = meta['lm_config']
+  tasks = []
+  if 'lm' in meta['num_params']:
+    tasks.append(
+        f"LM: the precision study's GPT (d_model {lm['d_model']}, "
+        f"{lm['num_layers']} layer(s), {meta['num_params']['lm']:,} params),"
+        f" {lm['steps']} steps of {lm['batch_size']}x{lm['seq_len']} bytes.")
+  if 'vit' in meta['num_params']:
+    tasks.append(
+        f"ViT: d_model {VIT['d_model']}, {VIT['num_layers']} layers "
+        f"({meta['num_params']['vit']:,} params) on the 8x8 digits, "
+        f"{meta['vit_steps']} steps of {VIT_BATCH}.")
+  lines = [
+      f"Mode `{meta['mode']}`, seeds {', '.join(map(str, meta['seeds']))}. "
+      + ' '.join(tasks) + ' AdamW after clipping; adaptive runs decide '
+      f"every {meta['period']} steps, commit every second decision, anneal "
+      'over the whole run.',
+      '',
+      _common.markdown_table(header, rows),
+      '',
+      'Bits: stored bits per moment element from the real buffers (codes '
+      'and scales), all moment leaves (leaves under 4096 elements stay '
+      'float32) and the quantized leaves only; mean over the steps of each '
+      'run (every layout weighted by the steps it was held), at the end, '
+      'and the largest over the run. Loss: validation cross entropy after '
+      'the last step, mean ± std over seeds; gap: paired by seed with '
+      'fp32. "within fp32 quality": the mean gap within the fp32 seed '
+      'spread, below zero, or at most +0.5%. Layouts: distinct state '
+      'layouts in the run (compiled train steps in parentheses, measured '
+      'from the jit cache).',
+      '',
+      '**Targets** (adaptive configurations; bits as the mean over the '
+      'steps, all moment leaves / quantized leaves only):',
+      '',
+      _common.markdown_table(
+          ('task', 'config', 'bits', f"<= {TARGETS['bits_paper']}",
+           f"<= {TARGETS['bits_goal']}", 'within fp32 quality'),
+          [(s['task'], f"`{s['config']}`",
+            f"{s['bits_mean']:.2f} / {s['bits_mean_quantized']:.2f}",
+            _yes_no(s['bits_mean'], s['bits_mean_quantized'],
+                    TARGETS['bits_paper']),
+            _yes_no(s['bits_mean'], s['bits_mean_quantized'],
+                    TARGETS['bits_goal']),
+            'yes' if s['quality_met'] else '**no**')
+           for s in summary if s['config'].startswith('adaptive')]),
+      '',
+      '**Statistics overhead** (optimizer update + apply on the LM '
+      'parameters in the final layout of an adaptive run, against the same '
+      f"formats held fixed; interleaved, median of {meta['overhead']['reps']}"
+      ' calls each):',
+      '',
+      _common.markdown_table(
+          ('step', 'ms', 'overhead'),
+          [(k, f'{v:.2f}', '—' if k == 'fixed' else
+            f"{100 * meta['overhead']['overhead'][k]:+.1f}%")
+           for k, v in meta['overhead']['step_ms'].items()]),
+      '',
+      f"- Command: `{meta['command']}`",
+      f"- Revision: `{meta['git_revision']}`; date: {meta['date']}; "
+      f"wall time {meta['wall_s'] / 60:.1f} min",
+      f"- Machine: {meta['machine']}",
+  ]
+  if meta.get('modified_paths'):
+    lines.append('- Uncommitted changes at run time in: ' + ', '.join(
+        f'`{p}`' for p in meta['modified_paths']))
+  return '\n'.join(lines) + '\n'
+
+
+def make_parser():
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n')[0],
+      formatter_class=_common.HelpFormatter)
+  parser.add_argument('--mode', choices=sorted(MODES), default='quick')
+  parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+  parser.add_argument('--tasks', nargs='+', default=['lm', 'vit'],
+                      choices=['lm', 'vit'])
+  parser.add_argument('--configs', nargs='+', default=list(CONFIGS),
+                      choices=list(CONFIGS))
+  parser.add_argument('--steps', type=int, default=None,
+                      help="override both tasks' steps (smoke tests)")
+  parser.add_argument('--overhead-reps', type=int, default=100)
+  parser.add_argument('--no-progress', action='store_true')
+  _common.add_out_argument(parser, __file__)
+  return parser
+
+
+def main(argv=None):
+  args = make_parser().parse_args(argv)
+  mode = MODES[args.mode]
+  if args.steps is not None:
+    mode = dataclasses.replace(
+        mode, lm=dataclasses.replace(mode.lm, steps=args.steps,
+                                     warmup_steps=max(args.steps // 10, 1),
+                                     eval_every=args.steps),
+        vit_steps=args.steps)
+  if 'fp32' not in args.configs:
+    raise SystemExit('--configs must include fp32 (the baseline)')
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  t_start = time.perf_counter()
+  meta = dict(
+      command=_common.command_line(__file__, argv),
+      git_revision=_common.git_revision(),
+      modified_paths=_common.git_modified_paths(),
+      date=_common.now_utc(), machine=_common.machine(), mode=args.mode,
+      seeds=list(args.seeds), tasks=list(args.tasks),
+      configs=list(args.configs), period=mode.period,
+      lm_config=dataclasses.asdict(mode.lm), vit_steps=mode.vit_steps,
+      vit_config=dict(VIT, batch_size=VIT_BATCH, learning_rate=VIT_LR),
+      targets=TARGETS, num_params={})
+  rows, timelines = [], {}
+  last_state = None
+  for task in args.tasks:
+    source = (_common.load_corpus(mode.lm) if task == 'lm'
+              else data.load_digits())
+    setup = _task_setup(task, mode, source)
+    meta['num_params'][task] = int(sum(
+        x.size for x in jax.tree.leaves(setup[3](0))))
+    for seed in args.seeds:
+      for config in args.configs:
+        row, events, state = run_one(task, config, seed, mode, setup,
+                                     not args.no_progress)
+        rows.append(row)
+        if events is not None:
+          timelines.setdefault(task, {}).setdefault(config, {})[seed] = events
+          if task == 'lm' and config == 'adaptive':
+            last_state = (state, setup[3](seed))
+        print(f"[{len(rows)}] {task} {config:14s} seed {seed}: val "
+              f"{row['final_val_loss']:.4f}, bits {row['bits_mean']:.2f} "
+              f"(final {row['bits_final']:.2f}), "
+              f"{row['step_ms_median']:.0f} ms/step, "
+              f"{row['compiled_steps']} compiled "
+              f"({time.perf_counter() - t_start:.0f} s)", flush=True)
+        (out / f'{NAME}.partial.json').write_text(
+            json.dumps(dict(meta, rows=rows), indent=1) + '\n')
+  if last_state is not None:
+    meta['overhead'] = measure_overhead(
+        last_state[0], last_state[1], 'adaptive', mode.lm, mode,
+        args.overhead_reps)
+  else:
+    meta['overhead'] = dict(reps=0, step_ms={'fixed': math.nan},
+                            overhead={})
+  summary = summarize(rows)
+  meta.update(wall_s=time.perf_counter() - t_start)
+  result = dict(meta, summary=summary, rows=rows, timelines=timelines)
+  (out / f'{NAME}.json').write_text(json.dumps(result, indent=1) + '\n')
+  md = render_markdown(meta, summary)
+  plots = []
+  for task, configs in timelines.items():
+    for config, seeds in configs.items():
+      seed = min(seeds)
+      steps = mode.lm.steps if task == 'lm' else mode.vit_steps
+      name = f'{NAME}_{task}_{config}.png'
+      plot_bits(seeds[seed], steps, out / name,
+                f'{config} on the {task.upper()}, seed {seed}: stored bits '
+                'per element by leaf over training')
+      plots.append(f'![{config}, {task}]({name})')
+  (out / f'{NAME}.md').write_text(
+      '# Dynamic bit-widths\n\nWritten by `examples/study_bits.py`; do not '
+      'edit.\n\n' + md + '\n' + '\n\n'.join(plots) + '\n')
+  (out / f'{NAME}.partial.json').unlink(missing_ok=True)
+  print(md)
+  return result
+
+
+if __name__ == '__main__':
+  main()
