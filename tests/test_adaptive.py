@@ -113,6 +113,28 @@ class ArgumentsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, match):
       optax_q.adaptive_bits(ADAM, **kwargs)
 
+  @parameterized.named_parameters(
+      ('word', dict(bits='yes'), 'bits must be'),
+      ('unknown_key', dict(bits={'perod': 5}), 'unknown keys'),
+      ('bad_value', dict(bits={'period': 0}), 'period'),
+      ('with_resets', dict(bits='adaptive', reset_every=10), 'reset_every'),
+      ('with_scale_mode', dict(bits='adaptive', scale_mode='rank1'),
+       'scale_mode'),
+  )
+  def test_drop_in_bits_argument(self, kwargs, match):
+    with self.assertRaisesRegex(ValueError, match):
+      optax_q.adamw(1e-3, **kwargs)
+
+  def test_drop_in_adapts(self):
+    params = adaptive_worker.params()
+    tx = optax_q.adamw(1e-2, bits={'period': 2, 'anneal': 0.0},
+                       block_size=32, min_size=0)
+    _, state, _, _ = _train(tx, params, 8)
+    zones = [optax_q.ZONES[z] for z in state[0].stats.zone.tolist()]
+    self.assertEqual(zones, ['magnitude', 'redundant', 'structural'])
+    self.assertEqual(optax_q.bit_widths(state)['0/inner/inner_state/mu/calm'],
+                     3.0 + 1.0)  # nf3 with a float32 scale per 32.
+
   def test_bad_inner_raises(self):
     with self.assertRaisesRegex(ValueError, 'inner'):
       optax_q.adaptive_bits(lambda x: x)

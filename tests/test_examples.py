@@ -49,6 +49,7 @@ import bench_step  # noqa: E402
 import demo  # noqa: E402
 import profile_step  # noqa: E402
 import staleness_simulation  # noqa: E402
+import study_bits  # noqa: E402
 import study_lowbit  # noqa: E402
 import study_precision  # noqa: E402
 import study_staleness  # noqa: E402
@@ -56,7 +57,8 @@ import update_error  # noqa: E402
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 SCRIPTS = (bench_step, demo, profile_step, staleness_simulation,
-           study_lowbit, study_precision, study_staleness, update_error)
+           study_bits, study_lowbit, study_precision, study_staleness,
+           update_error)
 
 # The same model and schedule for both scripts: compiled steps are shared.
 TINY = ['--d-model', '32', '--num-layers', '1', '--num-heads', '2',
@@ -387,52 +389,6 @@ class StudyLowbitTest(_DocsUnchanged):
         _quiet(study_lowbit.main, common + bad)
 
   def test_published_page_is_its_json_rendered(self):
-    # The committed page is what --render writes from the committed JSON,
-    # the committed plots embedded.
-    results = _ROOT / 'docs' / 'results'
-    for name in ('staleness_sim.json', 'staleness_sim_tracking.png',
-                 'staleness_sim_stalls.png'):
-      shutil.copy(results / name, self.out / name)
-    _quiet(staleness_simulation.main, ['--render', '--out', str(self.out)])
-    self.assert_wrote('staleness_sim.md')
-    self.assertEqual((self.out / 'staleness_sim.md').read_text(),
-                     (results / 'staleness_sim.md').read_text())
-    self.assertIn('![Stored v over time](staleness_sim_tracking.png)',
-                  (self.out / 'staleness_sim.md').read_text())
-
-
-class StudyLowbitTest(_DocsUnchanged):
-
-  def test_writes_its_files_and_recommends(self):
-    result, _ = _quiet(study_lowbit.main, [
-        '--seeds', '0', '--steps', '3', '--codec-shape', '4', '256',
-        '--no-peers',
-        '--only', 'nf4 + ue4m0', 'nf3 + int3_mulaw', '--out', str(self.out)])
-    self.assert_wrote('lowbit.json', 'lowbit.md', 'lowbit.png')
-    self.assertEqual(result['recommended_4bit']['adamw_kwargs']['mu_format'],
-                     'nf4')
-    self.assertEqual(result['recommended_3bit']['bits'], 3.25)
-    json.loads((self.out / 'lowbit.json').read_text())  # Strict JSON.
-
-  def test_merge_keeps_the_other_rows(self):
-    common = ['--seeds', '0', '--steps', '3', '--codec-shape', '4', '256',
-              '--no-peers', '--out', str(self.out)]
-    _quiet(study_lowbit.main, common + ['--only', 'nf4 + ue4m0'])
-    result, _ = _quiet(study_lowbit.main, common + [
-        '--merge', '--only', 'fp8_e4m3_dre', 'nf4 + ue4m0, rank-1 nu'])
-    self.assertEqual([r['config'] for r in result['rows']],
-                     ['fp32', 'nf4 + ue4m0', 'fp8_e4m3_dre',
-                      'nf4 + ue4m0, rank-1 nu'])
-    self.assertEqual(result['rows'][3]['scale_mode'], {'nu': 'rank1'})
-    self.assertLen(result['meta']['earlier'], 1)
-    self.assertIn('Rows of the other configurations',
-                  (self.out / 'lowbit.md').read_text())
-    with self.assertRaises(SystemExit):
-      _quiet(study_lowbit.main, common + ['--merge'])
-    with self.assertRaises(SystemExit):
-      _quiet(study_lowbit.main, common + ['--only', 'no such config'])
-
-  def test_published_page_is_its_json_rendered(self):
     results = _ROOT / 'docs' / 'results'
     shutil.copy(results / 'lowbit.json', self.out / 'lowbit.json')
     _quiet(study_lowbit.main, ['--render', '--out', str(self.out)])
@@ -443,6 +399,24 @@ class StudyLowbitTest(_DocsUnchanged):
     for key in ('recommended_4bit', 'recommended_3bit'):
       kwargs = published[key]['adamw_kwargs']
       optax_q.adamw(1e-3, **kwargs)  # The exact keyword arguments.
+
+
+class StudyBitsTest(_DocsUnchanged):
+
+  def test_writes_its_files(self):
+    result, text = _quiet(study_bits.main, [
+        '--steps', '4', '--seeds', '0', '--tasks', 'lm', '--configs', 'fp32',
+        'adaptive', '--overhead-reps', '2', '--no-progress',
+        '--out', str(self.out)])
+    self.assert_wrote('bits.json', 'bits.md', 'bits_lm_adaptive.png')
+    saved = json.loads((self.out / 'bits.json').read_text())
+    rows = {r['config']: r for r in saved['rows']}
+    self.assertEqual(rows['fp32']['bits_mean'], 32.0)
+    self.assertLess(rows['adaptive']['bits_final_quantized'], 8.3)
+    self.assertGreaterEqual(rows['adaptive']['compiled_steps'], 1)
+    self.assertIn('adaptive', saved['overhead']['overhead'])
+    self.assertIn('python examples/study_bits.py', saved['command'])
+    self.assertIn('| lm | `adaptive` |', text)
 
 
 class ProfileStepTest(_DocsUnchanged):

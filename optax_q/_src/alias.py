@@ -27,6 +27,7 @@ listed in ``static_args`` (they set shapes at ``init``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+import inspect
 from typing import Any
 
 import optax
@@ -68,8 +69,39 @@ def _wrap(inner, formats, **storage):
   return transform.quantize_state(inner, formats, elementwise=True, **storage)
 
 
+def _adaptive_kwargs(bits: Any, reset_every: Any, scale_mode: Any
+                     ) -> dict[str, Any]:
+  """The :func:`adaptive_bits` keyword arguments of ``bits``."""
+  if isinstance(bits, str) and bits == 'adaptive':
+    kwargs = {}
+  elif isinstance(bits, Mapping) and all(isinstance(k, str) for k in bits):
+    kwargs = dict(bits)
+  else:
+    raise ValueError(
+        "bits must be None, 'adaptive' or a dict of adaptive_bits keyword "
+        f'arguments, got {validation.short(bits)}.')
+  from optax_q._src import adaptive  # pylint: disable=g-import-not-at-top
+  allowed = [k for k in inspect.signature(adaptive.adaptive_bits).parameters
+             if k != 'inner']
+  unknown = sorted(set(kwargs) - set(allowed))
+  if unknown:
+    raise ValueError(f'bits has unknown keys {unknown}; allowed: {allowed}.')
+  if reset_every is not None:
+    raise ValueError(
+        f'bits={validation.short(bits)} does not take reset_every (got '
+        f'{validation.short(reset_every)}): formats that change per leaf and '
+        'resets are not combined yet.')
+  if scale_mode is not None:
+    raise ValueError(
+        f'bits={validation.short(bits)} does not take scale_mode (got '
+        f'{validation.short(scale_mode)}): give candidates as (format, '
+        "scale_mode) pairs, e.g. bits={'candidates': {'mu': (('nf4', "
+        "'block_pow2'), ...)}}.")
+  return kwargs
+
+
 def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
-                  nu_format, reset_every, nesterov, **storage):
+                  nu_format, reset_every, nesterov, bits=None, **storage):
   """Checks Adam's arguments; the (quantized, maybe resetting) moments."""
   b1 = _check_decay(b1, 'b1')
   b2 = _check_decay(b2, 'b2')
@@ -77,6 +109,13 @@ def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
   eps = _check_nonnegative(eps, 'eps')
   eps_root = _check_nonnegative(eps_root, 'eps_root')
   nesterov = validation.check_bool(nesterov, 'nesterov')
+  if bits is not None:
+    kwargs = _adaptive_kwargs(bits, reset_every, storage.pop('scale_mode'))
+    from optax_q._src import adaptive  # pylint: disable=g-import-not-at-top
+    inner = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                                nesterov=nesterov)
+    return adaptive.adaptive_bits(
+        inner, **{'elementwise': True, **storage, **kwargs})
   formats = _moment_formats(
       {'mu_format': ('mu', mu_format), 'nu_format': ('nu', nu_format)})
   if reset_every is None:
@@ -108,6 +147,7 @@ def adamw(
     reset_every: Periods = None,
     nesterov: bool = False,
     track_stalls: bool = False,
+    bits: str | Mapping[str, Any] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW with its moments stored in low precision.
 
@@ -156,6 +196,13 @@ def adamw(
       costs a pass over the state, up to several times the step on CPU (see
       the performance page). Resets with ``reset_every='adaptive'`` measure
       their own stalls and do not need it.
+    bits: None (the moments in ``mu_format`` and ``nu_format``), or
+      ``'adaptive'`` or a dict of :func:`adaptive_bits` keyword arguments
+      (``{'period': 50, 'candidates': ...}``): each moment leaf's format is
+      then chosen as training goes, among 3-, 4- and 8-bit candidates by
+      default; call :func:`relayout` between steps. Not with
+      ``reset_every`` or ``scale_mode`` (candidates carry their scale
+      modes); ``mu_format`` and ``nu_format`` are then unused.
 
   Returns:
     An Optax gradient transformation.
@@ -187,7 +234,7 @@ def adamw(
           learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
           nu_format=nu_format, rounding=rounding, block_size=block_size,
           seed=seed, min_size=min_size, scale_mode=scale_mode, reset_every=reset_every,
-          nesterov=nesterov, track_stalls=track_stalls),
+          nesterov=nesterov, track_stalls=track_stalls, bits=bits),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -210,6 +257,7 @@ def adam(
     reset_every: Periods = None,
     nesterov: bool = False,
     track_stalls: bool = False,
+    bits: str | Mapping[str, Any] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Adam with its moments stored in low precision.
 
@@ -239,6 +287,7 @@ def adam(
     nesterov: Nesterov momentum, as in ``optax.adam``.
     track_stalls: Record each quantized leaf's stalled fraction, as for
       :func:`adamw`.
+    bits: Formats chosen per leaf as training goes, as for :func:`adamw`.
 
   Returns:
     An Optax gradient transformation.
@@ -268,7 +317,7 @@ def adam(
           learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
           nu_format=nu_format, rounding=rounding, block_size=block_size,
           seed=seed, min_size=min_size, scale_mode=scale_mode, reset_every=reset_every,
-          nesterov=nesterov, track_stalls=track_stalls),
+          nesterov=nesterov, track_stalls=track_stalls, bits=bits),
       optax.scale_by_learning_rate(learning_rate),
   )
 
