@@ -240,9 +240,14 @@ def run_one(task, config, seed, mode: Mode, setup, progress):
       bits_mean=recorder.time_average('bits', steps),
       bits_mean_quantized=recorder.time_average('bits_quantized', steps),
       bits_peak=max(e['bits'] for e in recorder.events),
-      relayouts=len(recorder.events) - 1,
+      relayouts=count_changes(recorder.events),
       commit_bound=1 + steps // (mode.period * 2))
   return row, recorder.events, state
+
+
+def count_changes(events) -> int:
+  """Layout changes in a run's events (the bits of some leaf changed)."""
+  return sum(a['leaves'] != b['leaves'] for a, b in zip(events, events[1:]))
 
 
 # ----------------------------------------------------------------------------
@@ -495,6 +500,11 @@ def render_markdown(meta, summary):
   if meta.get('modified_paths'):
     lines.append('- Uncommitted changes at run time in: ' + ', '.join(
         f'`{p}`' for p in meta['modified_paths']))
+  if meta.get('rendered'):
+    r = meta['rendered']
+    lines.append(f"- Page and derived fields (layout changes counted from "
+                 f"the recorded events) re-rendered with `{r['command']}` "
+                 f"at `{r['git_revision']}`, {r['date']}")
   return '\n'.join(lines) + '\n'
 
 
@@ -512,6 +522,9 @@ def make_parser():
                       help="override both tasks' steps (smoke tests)")
   parser.add_argument('--overhead-reps', type=int, default=100)
   parser.add_argument('--no-progress', action='store_true')
+  parser.add_argument(
+      '--render', action='store_true',
+      help='only re-render the page and plots from the JSON in --out')
   _common.add_out_argument(parser, __file__)
   return parser
 
@@ -525,6 +538,20 @@ def main(argv=None):
                                      warmup_steps=max(args.steps // 10, 1),
                                      eval_every=args.steps),
         vit_steps=args.steps)
+  out = pathlib.Path(args.out)
+  if args.render:
+    result = json.loads((out / f'{NAME}.json').read_text())
+    for row in result['rows']:  # Derived fields, from the recorded events.
+      events = result['timelines'].get(row['task'], {}).get(
+          row['config'], {}).get(str(row['seed']))
+      if events is not None:
+        row['relayouts'] = count_changes(events)
+    result['summary'] = summarize(result['rows'])
+    result['rendered'] = dict(command=_common.command_line(__file__, argv),
+                              git_revision=_common.git_revision(),
+                              date=_common.now_utc())
+    (out / f'{NAME}.json').write_text(json.dumps(result, indent=1) + '\n')
+    return write_outputs(result, out)
   if 'fp32' not in args.configs:
     raise SystemExit('--configs must include fp32 (the baseline)')
   out = pathlib.Path(args.out)
@@ -576,12 +603,20 @@ def main(argv=None):
   meta.update(wall_s=time.perf_counter() - t_start)
   result = dict(meta, summary=summary, rows=rows, timelines=timelines)
   (out / f'{NAME}.json').write_text(json.dumps(result, indent=1) + '\n')
-  md = render_markdown(meta, summary)
+  write_outputs(result, out)
+  (out / f'{NAME}.partial.json').unlink(missing_ok=True)
+  return result
+
+
+def write_outputs(result, out):
+  """``bits.md`` and the plots from a result; prints and returns the page."""
+  md = render_markdown(result, result['summary'])
   plots = []
-  for task, configs in timelines.items():
+  for task, configs in result['timelines'].items():
     for config, seeds in configs.items():
-      seed = min(seeds)
-      steps = mode.lm.steps if task == 'lm' else mode.vit_steps
+      seed = min(seeds, key=int)
+      steps = (result['lm_config']['steps'] if task == 'lm'
+               else result['vit_steps'])
       name = f'{NAME}_{task}_{config}.png'
       plot_bits(seeds[seed], steps, out / name,
                 f'{config} on the {task.upper()}, seed {seed}: stored bits '
@@ -590,9 +625,8 @@ def main(argv=None):
   (out / f'{NAME}.md').write_text(
       '# Dynamic bit-widths\n\nWritten by `examples/study_bits.py`; do not '
       'edit.\n\n' + md + '\n' + '\n\n'.join(plots) + '\n')
-  (out / f'{NAME}.partial.json').unlink(missing_ok=True)
   print(md)
-  return result
+  return md
 
 
 if __name__ == '__main__':

@@ -417,6 +417,9 @@ class StudyBitsTest(_DocsUnchanged):
     self.assertIn('adaptive', saved['overhead']['overhead'])
     self.assertIn('python examples/study_bits.py', saved['command'])
     self.assertIn('| lm | `adaptive` |', text)
+    md, _ = _quiet(study_bits.main, ['--render', '--out', str(self.out)])
+    self.assertIn('| lm | `adaptive` |', md)
+    self.assertIn('re-rendered with', md)
 
 
 class ProfileStepTest(_DocsUnchanged):

@@ -86,6 +86,8 @@ DEFAULT_CANDIDATES = {
 # relative to its magnitude, the second moment's to the spread of v inside
 # a block (what 4-bit grids lose: docs/lowbit.md).
 DEFAULT_FACTORS = {'mu': 'magnitude', 'nu': 'dispersion'}
+# A sample of a factor counts at most this many times the leaf's average.
+OUTLIER = 10.0
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=[],
@@ -211,7 +213,16 @@ def _check_candidate(value: Any, name: str, nonnegative: bool
   return fmt, mode
 
 
-def _check_ladders(candidates: Any, nonnegative: frozenset[str]):
+def stored_bits(fmt: Format, mode: str, block_size: int) -> float:
+  """Bits per element of ``fmt`` in ``mode`` at ``block_size``: codes plus
+  block scales (row, tensor and rank-1 scales depend on the shape: not
+  counted)."""
+  scale = {'block': 32.0, 'block_pow2': 8.0}.get(mode, 0.0)
+  return fmt.bits + scale / block_size
+
+
+def _check_ladders(candidates: Any, nonnegative: frozenset[str],
+                   block_size: int):
   if candidates is None:
     candidates = DEFAULT_CANDIDATES
   if not isinstance(candidates, Mapping) or not candidates:
@@ -231,11 +242,13 @@ def _check_ladders(candidates: Any, nonnegative: frozenset[str]):
     checked = tuple(
         _check_candidate(c, f'{name}[{i}]', field in nonnegative)
         for i, c in enumerate(ladder))
-    bits = [fmt.bits for fmt, _ in checked]
+    bits = [stored_bits(fmt, mode, block_size) for fmt, mode in checked]
     if any(b > a for a, b in zip(bits[1:], bits[:-1])):
       raise ValueError(
-          f'{name} must go from fewest to most bits, got '
-          f'{[f.name for f, _ in checked]} ({bits} bits).')
+          f'{name} must go from fewest to most stored bits, got '
+          f'{[_layout_name(f, m) for f, m in checked]} '
+          f'({[round(b, 3) for b in bits]} bits per element at block '
+          f'{block_size}).')
     if len(set(checked)) != len(checked):
       raise ValueError(f'{name} lists a candidate twice: '
                        f'{[f.name for f, _ in checked]}.')
@@ -256,9 +269,19 @@ def _default_levels(size: int, primary: str) -> tuple[int, int, int, int]:
 
 
 def _check_table(zone_levels, factors, ladders):
-  factors = dict(DEFAULT_FACTORS, **(factors or {}))
-  for field, factor in factors.items():
-    validation.check_choice(factor, f'factors[{field!r}]', FACTORS)
+  if factors is not None:
+    if not isinstance(factors, Mapping):
+      raise ValueError(
+          "factors must be a dict {field: 'magnitude' | 'dispersion'} over "
+          f'the fields with candidates {sorted(ladders)}, got '
+          f'{validation.short(factors)}.')
+    for field, factor in factors.items():
+      if field not in ladders:
+        raise ValueError(
+            f'factors names {field!r}, which has no candidates; fields: '
+            f'{sorted(ladders)}.')
+      validation.check_choice(factor, f'factors[{field!r}]', FACTORS)
+  factors = {**DEFAULT_FACTORS, **(factors or {})}
   table = {f: _default_levels(len(l), factors.get(f, 'magnitude'))
            for f, l in ladders.items()}
   if zone_levels is None:
@@ -316,13 +339,14 @@ def _check_thresholds(thresholds) -> tuple[float, float]:
         'relative to the global references, or a dict by factor; got '
         f'{validation.short(thresholds)}.')
   return tuple(validation.check_number(
-      t, f'thresholds[{i}]', low=0.0, high=1e6, closed='(]')
+      t, f'thresholds[{i}]', low=0.0, high=1e6, closed='(]', concrete=True)
                for i, t in enumerate(thresholds))
 
 
 def _check_margin(margin: Any) -> float:
   try:
-    return validation.check_number(margin, 'margin', low=0.0, high=1.0)
+    return validation.check_number(margin, 'margin', low=0.0, high=1.0,
+                                   concrete=True)
   except ValueError as e:
     raise ValueError(f'{e} A dead band of 1 or more never lets a leaf that '
                      'is high in a factor come down: the decisions could '
@@ -332,7 +356,7 @@ def _check_margin(margin: Any) -> float:
 def _config(candidates, *, period, patience, margin, thresholds, decay,
             anneal, anneal_steps, initial, zone_levels, factors, sample_every,
             min_size, block_size, nonnegative) -> _Config:
-  ladders = _check_ladders(candidates, nonnegative)
+  ladders = _check_ladders(candidates, nonnegative, block_size)
   return _Config(
       ladders=ladders,
       table=_check_table(zone_levels, factors, ladders),
@@ -342,9 +366,10 @@ def _config(candidates, *, period, patience, margin, thresholds, decay,
                                   high=validation.MAX_PERIOD),
       patience=validation.check_int(patience, 'patience', low=1, high=1000),
       margin=_check_margin(margin),
-      decay=validation.check_number(decay, 'decay', low=0.0, high=1.0),
+      decay=validation.check_number(decay, 'decay', low=0.0, high=1.0,
+                                    concrete=True),
       anneal=validation.check_number(anneal, 'anneal', low=0.0, high=1e6,
-                                     closed='[]'),
+                                     closed='[]', concrete=True),
       anneal_steps=validation.check_int(anneal_steps, 'anneal_steps', low=1,
                                         high=validation.MAX_PERIOD),
       sample_every=validation.check_int(sample_every, 'sample_every', low=1,
@@ -398,6 +423,14 @@ def _sample(cfg: _Config, eligible: np.ndarray, stats: BitStatistics,
     r.append(b)
   n, r = jnp.stack(n), jnp.stack(r)
   take = jnp.asarray(eligible) & jnp.isfinite(n) & jnp.isfinite(r)
+  # A sample counts at most OUTLIER times the leaf's average so far: one
+  # spike (a finite gradient 1e15 times the usual) moves the average by a
+  # bounded step instead of holding the leaf's zone for hundreds of steps.
+  seen = stats.samples > 0
+  n = jnp.where(seen, jnp.minimum(n, OUTLIER * _average(cfg, stats.magnitude,
+                                                       stats.samples)), n)
+  r = jnp.where(seen, jnp.minimum(r, OUTLIER * _average(cfg, stats.dispersion,
+                                                       stats.samples)), r)
   d = jnp.float32(cfg.decay)
   return dataclasses.replace(
       stats,
@@ -406,6 +439,13 @@ def _sample(cfg: _Config, eligible: np.ndarray, stats: BitStatistics,
       dispersion=jnp.where(take, d * stats.dispersion + (1 - d) * r,
                            stats.dispersion),
       samples=stats.samples + take.astype(jnp.int32))
+
+
+def _average(cfg: _Config, ema: jax.Array, samples: jax.Array) -> jax.Array:
+  """The bias-corrected running average (0 before the first sample)."""
+  correction = 1 - jnp.float32(cfg.decay) ** samples.astype(jnp.float32)
+  return jnp.where(samples > 0, ema / jnp.where(samples > 0, correction, 1.0),
+                   0.0)
 
 
 def annealing(cfg: _Config, count: jax.Array) -> jax.Array:
@@ -426,11 +466,9 @@ def _decide(cfg: _Config, fields: tuple[str, ...], eligible: np.ndarray,
             sizes: np.ndarray, stats: BitStatistics, count: jax.Array
             ) -> BitStatistics:
   """One decision: propose quadrants; commit the settled ones."""
-  correction = 1 - jnp.float32(cfg.decay) ** stats.samples.astype(jnp.float32)
   seen = jnp.asarray(eligible) & (stats.samples > 0)
-  safe = jnp.where(seen, correction, 1.0)
-  n = jnp.where(seen, stats.magnitude / safe, 0.0)
-  r = jnp.where(seen, stats.dispersion / safe, 0.0)
+  n = jnp.where(seen, _average(cfg, stats.magnitude, stats.samples), 0.0)
+  r = jnp.where(seen, _average(cfg, stats.dispersion, stats.samples), 0.0)
   w = jnp.where(seen, jnp.asarray(sizes, jnp.float32), 0.0)
   total = jnp.maximum(jnp.sum(w), 1.0)
   tau = annealing(cfg, count)
@@ -458,6 +496,12 @@ def _init(cfg: _Config, quantized, params) -> AdaptiveBitsState:
   names, leaves = _param_names(params)
   fields = tuple(cfg.ladders)
   num = len(leaves)
+  twice = sorted({n for n in names if names.count(n) > 1})
+  if twice:
+    raise ValueError(
+        f'adaptive_bits: parameter paths {twice} name more than one leaf '
+        "(a key with '/' next to a nested one?); rename them so that each "
+        'leaf has its own a/b/c path.')
   policy = BitPolicy(
       fields=fields, ladders=tuple(cfg.ladders[f] for f in fields),
       block_size=cfg.block_size, period=cfg.period, patience=cfg.patience,
@@ -472,9 +516,17 @@ def _init(cfg: _Config, quantized, params) -> AdaptiveBitsState:
       levels=jnp.asarray(
           np.array([[cfg.initial[f]] * num for f in fields],
                    np.int32).reshape(len(fields), num)))
-  return AdaptiveBitsState(
+  state = AdaptiveBitsState(
       count=jnp.zeros([], jnp.int32), stats=stats,
       inner=quantized.init(params), policy=policy)
+  if not _leaf_slots(state) and _eligible(cfg, leaves).any():
+    raise ValueError(
+        f'adaptive_bits: no leaf of the fields {list(fields)} in the inner '
+        'state is laid out per parameter (field/<parameter path>), so no '
+        'format could ever change. Parameters keyed by attribute (a '
+        'NamedTuple or dataclass of arrays) are not supported: pass them '
+        'as a dict.')
+  return state
 
 
 def _update(cfg: _Config, quantized, updates, state: AdaptiveBitsState,
@@ -616,6 +668,14 @@ def adaptive_bits(
       anneal_steps=anneal_steps, initial=initial, zone_levels=zone_levels,
       factors=factors, sample_every=sample_every, min_size=min_elems,
       block_size=block, nonnegative=nonnegative)
+  names = state_tree.probe_field_names(inner)
+  if names is not None and set(cfg.ladders) - names[0]:
+    raise ValueError(
+        f'candidates names state field(s) '
+        f'{sorted(set(cfg.ladders) - names[0])} that this inner '
+        f"transform's state lacks; its float fields are {sorted(names[0])}: "
+        "pass candidates={field: (format, ...)} for those (e.g. "
+        "{'trace': ('nf4', 'int8_dynamic')} for optax.trace).")
   start = {f: cfg.ladders[f][cfg.initial[f]] for f in cfg.ladders}
   quantized = transform.quantize_state(
       inner, formats={f: fmt for f, (fmt, _) in start.items()},
@@ -699,7 +759,20 @@ def _relayout_node(node: AdaptiveBitsState, prefix: str,
                    layout: Mapping[str, str] | None) -> AdaptiveBitsState:
   policy = node.policy
   slots = _leaf_slots(node)
-  levels = None if layout is not None else _host(node.stats.levels)
+  levels = None
+  if layout is None:
+    levels = node.stats.levels
+    if isinstance(levels, jax.core.Tracer):
+      raise ValueError(
+          'relayout reads the committed formats from the state and changes '
+          "the state's structure: call it between steps, outside jax.jit "
+          '(or pass layout=, which needs no values).')
+    if isinstance(levels, jax.ShapeDtypeStruct):
+      raise ValueError(
+          'relayout of an abstract state (jax.eval_shape) has no decisions '
+          'to read: pass the layout to apply, layout=bit_layout(state) of '
+          'the state that was saved.')
+    levels = _host(levels)
   changes = {}
   for path, field, index, leaf in slots:
     name = prefix + 'inner/inner_state/' + state_tree.path_str(path)
@@ -766,7 +839,8 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
       (without it they keep the placement XLA gives the re-encoding).
 
   Returns:
-    The state with every adapted leaf in its committed (or given) format.
+    The state with every adapted leaf in its committed (or given) format;
+    ``state`` itself (the same object) when no leaf changes.
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
@@ -786,9 +860,26 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
   if layout is not None and not isinstance(layout, Mapping):
     raise ValueError('layout must be a dict {path: "format/scale_mode"} as '
                      f'bit_layout returns, got {validation.short(layout)}.')
-  new = _map_adaptive(lambda x, prefix: _relayout_node(x, prefix, layout),
-                      state)
-  if param_shardings is not None and new is not state:
+  changed = []
+
+  def visit(node, prefix):
+    out = _relayout_node(node, prefix, layout)
+    changed.append(out is not node)
+    return out
+
+  if layout is not None:
+    unknown = sorted(set(layout) - set(bit_layout(state)))
+    if unknown:
+      raise ValueError(
+          f'layout names {len(unknown)} path(s) that are not adapted leaves '
+          f'of this state, e.g. {unknown[:3]}; its paths are '
+          f'{sorted(bit_layout(state))[:3]}... (a layout saved from another '
+          'tree, such as a whole train state instead of its optimizer '
+          'state?)')
+  new = _map_adaptive(visit, state)
+  if not any(changed):
+    return state  # Nothing to re-encode: the same state, not a copy.
+  if param_shardings is not None:
     shardings = sharding_lib.state_shardings(new, param_shardings)
     new = jax.tree.map(
         lambda x, s: x if isinstance(x, jax.ShapeDtypeStruct) or (

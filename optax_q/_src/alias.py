@@ -69,6 +69,11 @@ def _wrap(inner, formats, **storage):
   return transform.quantize_state(inner, formats, elementwise=True, **storage)
 
 
+_STORAGE_ARGS = ('rounding', 'seed', 'min_size', 'block_size',
+                 'track_stalls')
+_DEFAULT_FORMAT = 'int8_dynamic'
+
+
 def _adaptive_kwargs(bits: Any, reset_every: Any, scale_mode: Any
                      ) -> dict[str, Any]:
   """The :func:`adaptive_bits` keyword arguments of ``bits``."""
@@ -86,6 +91,11 @@ def _adaptive_kwargs(bits: Any, reset_every: Any, scale_mode: Any
   unknown = sorted(set(kwargs) - set(allowed))
   if unknown:
     raise ValueError(f'bits has unknown keys {unknown}; allowed: {allowed}.')
+  own = sorted(set(kwargs) & set(_STORAGE_ARGS))
+  if own:
+    raise ValueError(
+        f'bits sets {own}, which are arguments of the optimizer itself: '
+        'pass them there (e.g. adamw(lr, block_size=64, bits=...)).')
   if reset_every is not None:
     raise ValueError(
         f'bits={validation.short(bits)} does not take reset_every (got '
@@ -111,6 +121,12 @@ def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
   nesterov = validation.check_bool(nesterov, 'nesterov')
   if bits is not None:
     kwargs = _adaptive_kwargs(bits, reset_every, storage.pop('scale_mode'))
+    for name, value in (('mu_format', mu_format), ('nu_format', nu_format)):
+      if not (isinstance(value, str) and value == _DEFAULT_FORMAT):
+        raise ValueError(
+            f'{name}={validation.short(value)} is unused with bits='
+            f'{validation.short(bits)}, which chooses the formats: give '
+            "them as bits={'candidates': {'mu': (...), 'nu': (...)}}.")
     from optax_q._src import adaptive  # pylint: disable=g-import-not-at-top
     inner = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                                 nesterov=nesterov)
