@@ -439,6 +439,33 @@ class CheckpointTest(absltest.TestCase):
     self.assertEqual(optax_q.bit_layout(got_s), optax_q.bit_layout(want_s))
 
 
+class NnxTest(absltest.TestCase):
+
+  def test_nnx_optimizer_relayout(self):
+    from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    from flax.nnx.training import optimizer as nnx_optimizer  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
+    tx = optax_q.adamw(1e-3, bits={'period': 1, 'patience': 1},
+                       min_size=0, block_size=32)
+    opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, opt, x):
+      grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
+      opt.update(model, grads)
+
+    x = jnp.ones((4, 64))
+    before = optax_q.bit_layout(opt.opt_state)
+    for i in range(3):
+      step(model, opt, x)
+      new = optax_q.relayout(opt.opt_state, step=i + 1)
+      if new is not opt.opt_state:
+        opt.opt_state = nnx.data(nnx_optimizer.to_opt_state(new))
+    self.assertNotEqual(optax_q.bit_layout(opt.opt_state), before)
+    step(model, opt, x)  # Runs on the new layout.
+    self.assertTrue(bool(jnp.all(jnp.isfinite(model.kernel.value))))
+
+
 class MeshTest(parameterized.TestCase):
 
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
