@@ -42,7 +42,6 @@ import time
 import _common  # pylint: disable=g-bad-import-order
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 

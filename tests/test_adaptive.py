@@ -21,11 +21,6 @@ in a fresh 8-device process (``multidevice``); the two-process test runs two
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import multidevice  # Before jax: asks for 8 CPU devices.
 import helpers  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import pathlib  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 

@@ -22,8 +22,8 @@ documented in ``docs/bits.md``):
   dispersion ``r_l = std(|g_l|) / mean(|g_l|)`` (the coefficient of
   variation of the magnitudes: 0.76 for a Gaussian, larger for heavy tails,
   scale-free and finite where ``std / |mean|`` is not), kept as running
-  averages with bias correction. Two sums per leaf; O(1) extra space per
-  leaf.
+  averages with bias correction; a sample counts at most ``OUTLIER`` times
+  the average so far. Two sums per leaf; O(1) extra space per leaf.
 * **Decisions** (every ``period`` steps, O(leaves)): the global references
   ``N`` and ``R`` are the size-weighted means of the leaves' averages; a
   leaf is *high* in a factor when its average exceeds ``threshold * tau(t) *
