@@ -578,6 +578,11 @@ def main(argv=None):
       for config in args.configs:
         row, events, state = run_one(task, config, seed, mode, setup,
                                      not args.no_progress)
+        # Every layout of every run compiles its own step: free them, or
+        # a full study runs out of memory.
+        train._STEP_CACHE.clear()  # pylint: disable=protected-access
+        make_tx.cache_clear()
+        jax.clear_caches()
         rows.append(row)
         if events is not None:
           timelines.setdefault(task, {}).setdefault(config, {})[seed] = events
@@ -589,8 +594,8 @@ def main(argv=None):
               f"{row['step_ms_median']:.0f} ms/step, "
               f"{row['compiled_steps']} compiled "
               f"({time.perf_counter() - t_start:.0f} s)", flush=True)
-        (out / f'{NAME}.partial.json').write_text(
-            json.dumps(dict(meta, rows=rows), indent=1) + '\n')
+        (out / f'{NAME}.partial.json').write_text(json.dumps(
+            dict(meta, rows=rows, timelines=timelines), indent=1) + '\n')
   if last_state is not None:
     meta['overhead'] = measure_overhead(
         last_state[0], last_state[1], 'adaptive', mode.lm, mode,
