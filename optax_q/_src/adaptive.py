@@ -650,7 +650,7 @@ def adaptive_bits(
     ...                            min_size=0)
     >>> state = tx.init({'w': jnp.zeros((8, 256))})
     >>> optax_q.bit_layout(state)
-    {'inner/inner_state/0/mu/w': 'int8_dynamic/block', 'inner/inner_state/0/nu/w': 'int8_dynamic_unsigned/block'}
+    {'inner/inner_state/mu/w': 'nf4/block', 'inner/inner_state/nu/w': 'ue4m0/block'}
 
   References:
     Liu et al, `STQuant: Spatio-Temporal Adaptive Framework for Optimizer
@@ -847,9 +847,9 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
     >>> tx = optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0)
     >>> state = tx.init({'w': jnp.zeros((8, 256))})
     >>> state = optax_q.relayout(
-    ...     state, {'inner/inner_state/0/mu/w': 'nf4/block'})
-    >>> optax_q.bit_layout(state)['inner/inner_state/0/mu/w']
-    'nf4/block'
+    ...     state, {'inner/inner_state/mu/w': 'nf3/block'})
+    >>> optax_q.bit_layout(state)['inner/inner_state/mu/w']
+    'nf3/block'
   """
   if step is not None:
     step = validation.check_int(step, 'step')
