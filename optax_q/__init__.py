@@ -75,10 +75,11 @@ __all__ = (
     'ResetState',
     'ScaleByAdamLocalAgeState',
     'StorageConfig',
+    'ZONES',
     'adam',
-    'adaptive_bits',
     'adam_with_resets',
     'adamw',
+    'adaptive_bits',
     'bit_layout',
     'bit_widths',
     'cycle_staleness',
@@ -108,5 +109,4 @@ __all__ = (
     'statistical_error',
     'transient_stall_probability',
     'unsigned_variant',
-    'ZONES',
 )

@@ -894,6 +894,20 @@ def bit_layout(state: Any) -> dict[str, str]:
   A small JSON-able dict: save it with a checkpoint (e.g. Orbax's
   ``JsonSave`` next to the state) and pass it to :func:`relayout` on the
   abstract state before restoring, so the target has the saved formats.
+
+  Args:
+    state: Any optimizer state (concrete or abstract) holding
+      :class:`AdaptiveBitsState` nodes.
+
+  Returns:
+    ``{'a/b/c' path: 'format/scale_mode'}``, in the state's flattening
+    order; empty where the state has no adapted leaf.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.adamw(1e-3, bits='adaptive', min_size=0)
+    >>> optax_q.bit_layout(tx.init({'w': jnp.zeros((8, 256))}))
+    {'0/inner/inner_state/mu/w': 'nf4/block', '0/inner/inner_state/nu/w': 'ue4m0/block'}
   """
   out = {}
 
@@ -908,7 +922,22 @@ def bit_layout(state: Any) -> dict[str, str]:
 
 
 def bit_widths(state: Any) -> dict[str, float]:
-  """Stored bits per element of every adapted leaf (codes and scales)."""
+  """Stored bits per element of every adapted leaf (codes and scales).
+
+  Args:
+    state: Any optimizer state (concrete or abstract) holding
+      :class:`AdaptiveBitsState` nodes.
+
+  Returns:
+    ``{'a/b/c' path: bits per element}`` from the real buffers, as
+    :func:`bit_layout` names the leaves.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.adamw(1e-3, bits='adaptive', min_size=0)
+    >>> optax_q.bit_widths(tx.init({'w': jnp.zeros((8, 256))}))
+    {'0/inner/inner_state/mu/w': 4.25, '0/inner/inner_state/nu/w': 4.25}
+  """
   out = {}
 
   def visit(node, prefix):
