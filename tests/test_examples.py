@@ -403,6 +403,7 @@ class StudyLowbitTest(_DocsUnchanged):
 
 class StudyBitsTest(_DocsUnchanged):
 
+  @pytest.mark.slow  # A minute: two runs and three compiled benchmarks.
   def test_writes_its_files(self):
     result, text = _quiet(study_bits.main, [
         '--steps', '4', '--seeds', '0', '--tasks', 'lm', '--configs', 'fp32',

@@ -172,9 +172,17 @@ class CodecTest(parameterized.TestCase):
     super().setUp()
     _skip_unless_8_devices(self)
 
+  # The default suite: each mesh and each axis type once; every pair slow.
+  @parameterized.named_parameters(
+      (f'{m}_{a}', m, a) for m, a in zip(MESHES, AXIS_TYPES))
+  def test_quantize_dequantize_match_unsharded(self, mesh_name, axis_type):
+    self._check_codecs(mesh_name, axis_type, SOME_CODECS)
+
   @parameterized.named_parameters(
       (f'{m}_{a}', m, a) for m in MESHES for a in AXIS_TYPES)
-  def test_quantize_dequantize_match_unsharded(self, mesh_name, axis_type):
+  @pytest.mark.slow
+  def test_quantize_dequantize_match_unsharded_every_pair(self, mesh_name,
+                                                          axis_type):
     self._check_codecs(mesh_name, axis_type, SOME_CODECS)
 
   @pytest.mark.slow

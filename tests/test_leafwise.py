@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import optax_q
 
@@ -84,12 +85,26 @@ class TilingTest(parameterized.TestCase):
       np.testing.assert_array_equal(
           tile, np.asarray(full).reshape(4, 3, 4, 5)[:, t])
 
+  # The default suite: each format once, each rounding and each stall
+  # setting (without stall counts the loop overwrites the old state in
+  # place) in turn; every combination in the slow suite.
+  @parameterized.parameters(
+      ('int8_dynamic', 'stochastic', True), ('fp8_e4m3', 'nearest', False),
+      ('int4', 'stochastic', False), ('fp4_e2m1', 'nearest', True),
+      ('int8', 'stochastic', True))
+  def test_tiled_matches_whole_tree(self, fmt, rounding, track_stalls):
+    self._check_tiled(fmt, rounding, track_stalls)
+
   @parameterized.product(
       fmt=('int8_dynamic', 'fp8_e4m3', 'int4', 'fp4_e2m1', 'int8'),
       rounding=('nearest', 'stochastic'),
-      # Without stall counts the loop overwrites the old state in place.
       track_stalls=(True, False))
-  def test_tiled_matches_whole_tree(self, fmt, rounding, track_stalls):
+  @pytest.mark.slow
+  def test_tiled_matches_whole_tree_every_combination(self, fmt, rounding,
+                                                      track_stalls):
+    self._check_tiled(fmt, rounding, track_stalls)
+
+  def _check_tiled(self, fmt, rounding, track_stalls):
     params = _params()
     whole, tiled = _pair(optax.scale_by_adam, fmt, rounding,
                          track_stalls=track_stalls)
