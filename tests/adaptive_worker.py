@@ -17,9 +17,9 @@ Also the parameters and gradients ``test_adaptive`` uses. As a script, one
 worker of a run over one CPU device per process::
 
   python tests/adaptive_worker.py --process-id 0 --num-processes 2 \
-      --port 12355 --out /tmp/run &
+      --port 12355 --out runs/adaptive_worker &
   python tests/adaptive_worker.py --process-id 1 --num-processes 2 \
-      --port 12355 --out /tmp/run
+      --port 12355 --out runs/adaptive_worker
 """
 
 import argparse
@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,8 @@ import time
 import jax
 import numpy as np
 import optax
+
+from models import multiprocess_demo
 
 STEPS = 12
 
@@ -154,15 +155,9 @@ def worker(process_id, num_processes, port, out):
     jax.distributed.shutdown()
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('localhost', 0))
-    return s.getsockname()[1]
-
-
 def launch(out, num_processes=2, timeout=240):
   """Runs the workers; returns their results in process order."""
-  port = _free_port()
+  port = multiprocess_demo.free_port()
   repo = pathlib.Path(__file__).resolve().parent.parent
   env = dict(os.environ, JAX_PLATFORMS='cpu',
              XLA_FLAGS='--xla_force_host_platform_device_count=1')

@@ -268,6 +268,13 @@ def _default_levels(size: int, primary: str) -> tuple[int, int, int, int]:
   return (0, disp, mag, top)
 
 
+def _check_adapted(field: Any, name: str, ladders) -> None:
+  """Raises unless ``field`` has candidates."""
+  if field not in ladders:
+    raise ValueError(f'{name} names {field!r}, which has no candidates; '
+                     f'fields: {sorted(ladders)}.')
+
+
 def _check_table(zone_levels, factors, ladders):
   if factors is not None:
     if not isinstance(factors, Mapping):
@@ -276,10 +283,7 @@ def _check_table(zone_levels, factors, ladders):
           f'the fields with candidates {sorted(ladders)}, got '
           f'{validation.short(factors)}.')
     for field, factor in factors.items():
-      if field not in ladders:
-        raise ValueError(
-            f'factors names {field!r}, which has no candidates; fields: '
-            f'{sorted(ladders)}.')
+      _check_adapted(field, 'factors', ladders)
       validation.check_choice(factor, f'factors[{field!r}]', FACTORS)
   factors = {**DEFAULT_FACTORS, **(factors or {})}
   table = {f: _default_levels(len(l), factors.get(f, 'magnitude'))
@@ -296,10 +300,7 @@ def _check_table(zone_levels, factors, ladders):
       raise ValueError(f'zone_levels[{zone!r}] must be a dict {{field: '
                        f'level}}, got {validation.short(levels)}.')
     for field, level in levels.items():
-      if field not in ladders:
-        raise ValueError(
-            f'zone_levels[{zone!r}] names {field!r}, which has no '
-            f'candidates; fields: {sorted(ladders)}.')
+      _check_adapted(field, f'zone_levels[{zone!r}]', ladders)
       level = validation.check_int(
           level, f'zone_levels[{zone!r}][{field!r}]', low=0,
           high=len(ladders[field]) - 1)
@@ -318,9 +319,7 @@ def _check_initial(initial, ladders):
   else:
     items = [(f, initial) for f in ladders]
   for field, level in items:
-    if field not in ladders:
-      raise ValueError(f'initial names {field!r}, which has no candidates; '
-                       f'fields: {sorted(ladders)}.')
+    _check_adapted(field, 'initial', ladders)
     levels[field] = validation.check_int(
         level, f'initial[{field!r}]', low=0, high=len(ladders[field]) - 1)
   return levels
