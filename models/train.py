@@ -63,6 +63,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
+import optax_q
 
 from models import sharding as sharding_lib
 
@@ -153,6 +154,7 @@ def make_eval_fn(
   def eval_fn(model, params):
     if model not in cache:
       def evaluate(p, batch):
+        p = optax_q.dequantize_params(p)  # Quantized params: decoded here.
         return {k: _scalar(f(model, p, batch)) for k, f in fns.items()}
       cache[model] = jax.jit(evaluate)
     totals = {k: 0.0 for k in fns}
@@ -466,9 +468,13 @@ def _train_step_fn(model, tx, loss_fn, seed, out_shardings):
       kwargs = {'rng': jax.random.fold_in(base_key, step)} if wants_rng else {}
       out = loss_fn(model, p_, batch, **kwargs)
       return out if isinstance(out, tuple) else (out, {})
-    (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(p)
+    # Quantized parameters (optax_q.QArray leaves) are decoded here, inside
+    # the compiled step, and replaced by the new ones the optimizer
+    # returns; plain parameters take optax.apply_updates.
+    (loss, aux), grads = jax.value_and_grad(objective, has_aux=True)(
+        optax_q.dequantize_params(p))
     updates, s = tx.update(grads, s, p)
-    p = optax.apply_updates(p, updates)
+    p = optax_q.apply_updates(p, updates)
     return p, s, (loss, aux)
 
   kwargs = {} if out_shardings is None else {'out_shardings': out_shardings}
@@ -509,8 +515,12 @@ def train(
 
   Args:
     model: a Flax module (passed to ``loss_fn`` and ``eval_fn``).
-    params: initial params (plain arrays). They are copied, so the caller's
-      arrays survive the donating train step.
+    params: initial params: plain arrays, or with ``optax_q.QArray`` leaves
+      (from ``optax_q.quantize_params``, trained with ``optax_q.eco``),
+      which the step decodes for the forward pass. They are copied, so the
+      caller's arrays survive the donating train step. With a ``mesh``,
+      quantized params take ``param_shardings`` and
+      ``opt_state_shardings`` from ``optax_q.state_shardings``.
     tx: any Optax transform; its state may hold custom pytree nodes.
     batches: ``step -> batch`` (e.g. :func:`models.data.lm_batches`), which
       makes resume exact; or an iterable of batches, of which the first

@@ -25,6 +25,8 @@ from optax_q._src.alias import adam
 from optax_q._src.alias import adamw
 from optax_q._src.alias import lion
 from optax_q._src.alias import sgd
+from optax_q._src.eco import eco
+from optax_q._src.eco import EcoState
 from optax_q._src.formats import Format
 from optax_q._src.formats import FORMAT_ALIASES
 from optax_q._src.formats import FORMAT_NAMES
@@ -59,6 +61,11 @@ from optax_q._src.transform import quantize_state
 from optax_q._src.transform import quantized_leaves
 from optax_q._src.transform import QuantizedState
 from optax_q._src.transform import StorageConfig
+from optax_q._src.weights import apply_updates
+from optax_q._src.weights import dequantize_params
+from optax_q._src.weights import fake_quantize_params
+from optax_q._src.weights import is_linear_kernel
+from optax_q._src.weights import quantize_params
 
 __version__ = '0.1.0'
 
@@ -66,6 +73,7 @@ __all__ = (
     'AdaptiveBitsState',
     'BitPolicy',
     'BitStatistics',
+    'EcoState',
     'FORMAT_ALIASES',
     'FORMAT_NAMES',
     'Format',
@@ -80,18 +88,24 @@ __all__ = (
     'adam_with_resets',
     'adamw',
     'adaptive_bits',
+    'apply_updates',
     'bit_layout',
     'bit_widths',
     'cycle_staleness',
     'dequantize',
+    'dequantize_params',
+    'eco',
     'effective_decay',
     'effective_precision_ratio',
     'effective_sample_size',
+    'fake_quantize_params',
     'format_epsilon',
     'get_format',
+    'is_linear_kernel',
     'is_qarray',
     'lion',
     'quantize',
+    'quantize_params',
     'quantize_state',
     'quantized_leaves',
     'relayout',

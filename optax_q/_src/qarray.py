@@ -392,13 +392,25 @@ def _encode_values(
     if fmt.name == 'fp32':
       return y
     native = fmt.bits == 8 * fmt.dtype.itemsize
-    if native and u is None:
-      # Saturate; the cast (or the fp8 encoder) then rounds half to even
-      # with correct subnormals. e4m3fn has no infinity: an unclipped
-      # overflow would become NaN.
+    if native and u is None and fmt.bits == 8:
+      # Saturate; the fp8 encoder then rounds half to even with correct
+      # subnormals. e4m3fn has no infinity: an unclipped overflow would
+      # become NaN.
       y = jnp.where(jnp.isfinite(y),
                     jnp.clip(y, -fmt.max_value, fmt.max_value), y)
+    elif native and u is None and fmt.exponent_bits == 8:
+      # bf16: round explicitly before the cast. Under jit, XLA may drop a
+      # float32 -> bf16 -> float32 round trip (excess precision), which
+      # would leave the value unrounded wherever the codes are decoded in
+      # the same computation (the residual of a quantized weight, say);
+      # ``reduce_precision`` is never elided, and gives the cast's bits.
+      y = lax.reduce_precision(
+          jnp.where(jnp.isfinite(y),
+                    jnp.clip(y, -fmt.max_value, fmt.max_value), y),
+          exponent_bits=8, mantissa_bits=fmt.mantissa_bits)
     else:
+      # Explicit bit arithmetic (also fp16 to nearest, for the reason
+      # above: ``reduce_precision`` would flush its subnormals).
       y = rounding_lib.round_float_grid(
           y, exponent_bits=fmt.exponent_bits,
           mantissa_bits=fmt.mantissa_bits, max_value=fmt.max_value, u=u)

@@ -413,7 +413,11 @@ def _update(config: StorageConfig, inner, updates, state, params=None,
   if result is None:
     result = _update_whole_tree(step, updates, params, extra_args)
   new_updates, new_qstate, stalled = result
-  new_updates = optax.tree.cast_like(new_updates, updates)
+  # A QArray update (the new weights of ``optax_q.eco``) is kept as it is.
+  new_updates = jax.tree.map(
+      lambda n, o: n if qarray_lib.is_qarray(n) or n is None
+      else optax.tree.cast_like(n, o), new_updates, updates,
+      is_leaf=lambda x: qarray_lib.is_qarray(x) or x is None)
   return new_updates, QuantizedState(
       count=optax.safe_increment(state.count), inner_state=new_qstate,
       stalled=stalled)

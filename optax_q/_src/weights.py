@@ -1,0 +1,405 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Quantized parameters: weights that live in a low-precision format.
+
+:func:`quantize_params` turns chosen parameter leaves into :class:`QArray`
+s (the core codec: the same formats, scales and rounding as the optimizer
+state), :func:`dequantize_params` decodes them for a forward pass,
+:func:`apply_updates` writes an optimizer's result into them, and
+:func:`fake_quantize_params` gives a forward pass quantized weights while
+float32 master weights take the gradient (straight through).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_q._src import formats as formats_lib
+from optax_q._src import qarray as qarray_lib
+from optax_q._src import rounding as rounding_lib
+from optax_q._src import state_tree
+from optax_q._src import validation
+
+QArray = qarray_lib.QArray
+Filter = Callable[[Any, Any], bool] | str | None
+
+# Module names whose kernels the default filter leaves in float: input
+# embeddings and output layers (ECO, like QuEST, quantizes the linear layers
+# inside the transformer blocks only).
+EXCLUDED_MODULES = ('embed', 'head', 'logits', 'output', 'unembed')
+FILTERS = ('linear', 'all')
+# Stochastic-rounding streams of parameters, apart from those of optimizer
+# state leaves (which count up from 0).
+PARAM_STREAM = 0x80000000
+
+
+def key_name(key: Any) -> str:
+  """The name of one path entry (a dict key, an attribute, an index)."""
+  for attr in ('key', 'name', 'idx'):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def is_linear_kernel(path: Any, leaf: Any) -> bool:
+  """The default filter of :func:`quantize_params`: linear-layer kernels.
+
+  A leaf qualifies when it is a float array of rank >= 2 named ``kernel``
+  and no enclosing module name contains ``embed`` or is an output layer
+  (``head``, ``lm_head``, ``logits``, ``output``, ``unembed``): the 2-D
+  ``Dense`` kernels and the 3-D ``DenseGeneral`` attention kernels of a
+  transformer's blocks, not its embeddings, output head, norms or biases.
+
+  Args:
+    path: The leaf's key path (as ``jax.tree_util`` gives it).
+    leaf: The leaf.
+
+  Returns:
+    Whether the leaf is quantized by default.
+  """
+  names = [key_name(k).lower() for k in path]
+  if not names or names[-1] != 'kernel':
+    return False
+  if not state_tree.is_float_array(leaf) or leaf.ndim < 2:
+    return False
+  return not any('embed' in n or n in EXCLUDED_MODULES or n.endswith('_head')
+                 for n in names[:-1])
+
+
+def _every_float(path: Any, leaf: Any) -> bool:
+  del path
+  return state_tree.is_float_array(leaf) and leaf.ndim >= 1
+
+
+def check_filter(filter: Filter, name: str = 'filter'  # pylint: disable=redefined-builtin
+                 ) -> Callable[[Any, Any], bool]:
+  """``filter`` as a callable ``(path, leaf) -> bool``."""
+  if filter is None or filter == 'linear':
+    return is_linear_kernel
+  if filter == 'all':
+    return _every_float
+  if isinstance(filter, str) or not callable(filter):
+    raise ValueError(
+        f'{name} must be None, one of {FILTERS} or a callable '
+        f'(path, leaf) -> bool, got {validation.short(filter)}.')
+  return filter
+
+
+def default_weight_scale_mode(fmt: formats_lib.Format) -> str:
+  """Row-wise scales for scaled formats (ECO's fp8 setting), none else."""
+  return 'row' if fmt.scaled else 'none'
+
+
+def _check_float(path: Any, leaf: Any) -> None:
+  if not state_tree.is_float_array(leaf):
+    raise ValueError(
+        f'parameter {state_tree.path_str(path)!r} is not a floating-point '
+        f'array ({getattr(leaf, "dtype", type(leaf).__name__)}); '
+        'quantize_params quantizes float leaves only (check filter).')
+
+
+def quantize_params(
+    params: Any,
+    fmt: str | formats_lib.Format = 'fp8_e4m3',
+    *,
+    scale_mode: str | None = None,
+    block_size: int = 128,
+    filter: Filter = None,  # pylint: disable=redefined-builtin
+    rounding: str = 'nearest',
+    seed: int = 0,
+    scale: Any = validation.UNSET,
+) -> Any:
+  """Stores chosen parameter leaves as :class:`QArray` s.
+
+  The chosen leaves then live in ``fmt``: their float copy is gone (the
+  caller drops the float tree), a forward pass decodes them
+  (:func:`dequantize_params`, inside the compiled step), and
+  :func:`optax_q.eco` with :func:`apply_updates` trains them without master
+  weights. Other leaves are returned as they are.
+
+  Args:
+    params: A parameter pytree (plain arrays, e.g. Flax Linen params).
+    fmt: Any core format: ``'fp8_e4m3'`` (the ECO paper's), ``'int4'``,
+      ``'bf16'``, ``'int8'``, ...
+    scale_mode: ``'row'`` (one scale per slice along the last axis, the
+      paper's row-wise absmax), ``'tensor'``, ``'block'``, ``'block_pow2'``
+      or ``'none'`` (float formats only); None: ``'row'`` for formats with
+      a narrow range, ``'none'`` for ``bf16`` and ``fp16``.
+    block_size: Elements per scale along the last axis for block scales.
+    filter: Which leaves to quantize: None or ``'linear'`` (the kernels of
+      linear layers, :func:`is_linear_kernel`), ``'all'`` (every float
+      leaf of rank >= 1) or a callable ``(path, leaf) -> bool``.
+    rounding: ``'nearest'`` or ``'stochastic'``.
+    seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``.
+    scale: Another name of ``scale_mode`` (deprecated, as in
+      :func:`quantize`).
+
+  Returns:
+    ``params`` with the chosen leaves replaced by :class:`QArray` s of the
+    leaves' shapes and dtypes.
+
+  Raises:
+    ValueError: naming the argument, for an unknown format, scale mode or
+      rounding, a filter that is not a callable, a chosen leaf that is not
+      a float array, or a leaf that is already quantized.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> params = {'dense': {'kernel': jnp.ones((4, 8)), 'bias': jnp.ones(8)}}
+    >>> q = optax_q.quantize_params(params, 'fp8_e4m3')
+    >>> q['dense']['kernel'].codes.dtype, q['dense']['kernel'].scale.shape
+    (dtype(float8_e4m3fn), (4, 1))
+    >>> optax_q.is_qarray(q['dense']['bias'])
+    False
+
+  References:
+    Nikdan et al, `ECO: Quantized Training without Full-Precision Master
+    Weights <https://arxiv.org/abs/2601.22101>`_, 2026
+  """
+  name, scale_mode = validation.renamed('scale', scale, 'scale_mode',
+                                        scale_mode)
+  fmt = formats_lib.check_format(fmt, 'fmt')
+  scale_mode = validation.check_scale(
+      default_weight_scale_mode(fmt) if scale_mode is None else scale_mode,
+      name)
+  qarray_lib.check_layout(fmt, scale_mode, name)
+  block_size = validation.check_block_size(block_size)
+  validation.check_rounding(rounding)
+  seed = validation.check_seed(seed)
+  chosen = check_filter(filter)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=qarray_lib.is_qarray)
+  out = []
+  for index, (path, leaf) in enumerate(flat):
+    if qarray_lib.is_qarray(leaf):
+      raise ValueError(
+          f'parameter {state_tree.path_str(path)!r} is already quantized '
+          f'({qarray_lib.layout_tag(leaf)}); pass the float parameters.')
+    if not chosen(path, leaf):
+      out.append(leaf)
+      continue
+    _check_float(path, leaf)
+    qarray_lib.check_layout(fmt, scale_mode, name, leaf.shape)
+    key = None
+    if rounding == 'stochastic':
+      key = rounding_lib.stream_key(seed, 0, PARAM_STREAM + index)
+    out.append(qarray_lib.encode(
+        leaf, fmt, scale_mode=scale_mode, block_size=block_size, key=key))
+  return treedef.unflatten(out)
+
+
+def dequantize_params(params: Any, dtype: Any = None) -> Any:
+  """Decodes the :class:`QArray` leaves of ``params`` (others as they are).
+
+  Call it inside the compiled step, on the way into the forward pass: the
+  decoded weights are temporaries of that step, never stored.
+
+  Args:
+    params: A parameter pytree, some leaves :class:`QArray` s.
+    dtype: The float dtype to decode to; None for each leaf's own dtype.
+
+  Returns:
+    The parameters as plain arrays.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> q = optax_q.quantize_params({'kernel': jnp.full((2, 4), 0.5)}, 'bf16')
+    >>> optax_q.dequantize_params(q)['kernel'][0]
+    Array([0.5, 0.5, 0.5, 0.5], dtype=float32)
+  """
+  return jax.tree.map(
+      lambda x: qarray_lib.dequantize(x, dtype)
+      if qarray_lib.is_qarray(x) else x, params, is_leaf=qarray_lib.is_qarray)
+
+
+def quantized_paths(params: Any) -> list[str]:
+  """The ``'a/b/c'`` paths of the :class:`QArray` leaves of ``params``."""
+  flat = jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=qarray_lib.is_qarray)[0]
+  return [state_tree.path_str(p) for p, x in flat if qarray_lib.is_qarray(x)]
+
+
+def _same_layout(a: QArray, b: QArray) -> bool:
+  return (a.fmt, a.shape, a.scale_mode, a.block_size) == (
+      b.fmt, b.shape, b.scale_mode, b.block_size)
+
+
+def apply_updates(params: Any, updates: Any) -> Any:
+  """Applies updates to parameters that may be quantized.
+
+  A quantized parameter (a :class:`QArray`) is replaced by its update, which
+  must be a :class:`QArray` of the same layout: the new weights that
+  :func:`optax_q.eco` computed and quantized. Plain parameters take
+  ``optax.apply_updates``'s ``p + u`` in the parameter's dtype; a tree
+  without :class:`QArray` s is passed to ``optax.apply_updates`` whole.
+
+  Args:
+    params: The parameters.
+    updates: Updates of the same structure (from :func:`optax_q.eco`).
+
+  Returns:
+    The new parameters.
+
+  Raises:
+    ValueError: if ``updates`` does not have the structure of ``params``,
+      or gives a quantized parameter a plain array (or a plain one a
+      :class:`QArray`, or another layout).
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, optax_q
+    >>> params = optax_q.quantize_params({'kernel': jnp.ones((2, 4))}, 'bf16')
+    >>> tx = optax_q.eco(optax.inject_hyperparams(optax.sgd)(
+    ...     0.5, momentum=0.9), rounding='nearest')
+    >>> state = tx.init(params)
+    >>> grads = {'kernel': jnp.ones((2, 4))}
+    >>> updates, state = tx.update(grads, state, params)
+    >>> optax_q.dequantize_params(optax_q.apply_updates(params, updates))[
+    ...     'kernel'][0]
+    Array([0.5, 0.5, 0.5, 0.5], dtype=float32)
+  """
+  p_def = jax.tree.structure(params, is_leaf=qarray_lib.is_qarray)
+  u_def = jax.tree.structure(updates, is_leaf=qarray_lib.is_qarray)
+  if p_def != u_def:
+    raise ValueError(
+        'updates must have the structure of params (with QArray leaves '
+        f'where params has them); params: {p_def}, updates: {u_def}.')
+  flat_p = jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=qarray_lib.is_qarray)[0]
+  if not any(qarray_lib.is_qarray(p) for _, p in flat_p):
+    return optax.apply_updates(params, updates)
+  flat_u = p_def.flatten_up_to(updates)
+  out = []
+  for (path, p), u in zip(flat_p, flat_u):
+    where = state_tree.path_str(path)
+    if qarray_lib.is_qarray(p):
+      if not qarray_lib.is_qarray(u):
+        raise ValueError(
+            f'updates[{where!r}] is a plain array but the parameter is '
+            f'quantized ({qarray_lib.layout_tag(p)}): quantized parameters '
+            'take the new QArray that optax_q.eco returns (wrap the '
+            'optimizer in optax_q.eco).')
+      if not _same_layout(p, u):
+        raise ValueError(
+            f'updates[{where!r}] has layout {qarray_lib.layout_tag(u)} '
+            f'{u.shape}, the parameter {qarray_lib.layout_tag(p)} {p.shape}.')
+      out.append(u)
+    elif qarray_lib.is_qarray(u):
+      raise ValueError(
+          f'updates[{where!r}] is a QArray but the parameter is a plain '
+          'array.')
+    elif p is None:
+      out.append(None)
+    else:
+      out.append(jnp.asarray(p + u).astype(jnp.asarray(p).dtype))
+  return p_def.unflatten(out)
+
+
+@jax.custom_vjp
+def _straight_through(x: jax.Array, y: jax.Array) -> jax.Array:
+  del x
+  return y
+
+
+def _st_fwd(x, y):
+  del x
+  return y, None
+
+
+def _st_bwd(_, g):
+  return g, None
+
+
+_straight_through.defvjp(_st_fwd, _st_bwd)
+
+
+def fake_quantize_params(
+    params: Any,
+    fmt: str | formats_lib.Format = 'fp8_e4m3',
+    *,
+    scale_mode: str | None = None,
+    block_size: int = 128,
+    filter: Filter = None,  # pylint: disable=redefined-builtin
+    rounding: str = 'nearest',
+    seed: int | jax.Array = 0,
+    step: int | jax.Array = 0,
+) -> Any:
+  """The weights a forward pass sees with float32 master weights.
+
+  Each chosen leaf is quantized to ``fmt`` and decoded (the same codec as
+  :func:`quantize_params`); the gradient passes straight through to the
+  float32 leaf, so the optimizer updates the master weights with the
+  gradient taken at the quantized ones (the "with master weights" baselines
+  of the ECO paper, and quantization-aware training of the weights). The
+  rounding is computed in the codec's explicit arithmetic, so ``jit``
+  cannot elide it.
+
+  Args:
+    params: Float parameters (the master weights).
+    fmt: Any core format.
+    scale_mode: As for :func:`quantize_params` (None: ``'row'`` for
+      scaled formats).
+    block_size: Elements per scale for block scales.
+    filter: As for :func:`quantize_params`.
+    rounding: ``'nearest'`` or ``'stochastic'``.
+    seed: Seed of the stochastic rounding (an int, or a traced integer
+      scalar).
+    step: Mixed into the stochastic rounding bits (may be traced), so
+      every step draws new bits.
+
+  Returns:
+    Float parameters, the chosen leaves on ``fmt``'s grid.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, optax_q
+    >>> w = {'kernel': jnp.array([[0.3, 1.0]])}
+    >>> optax_q.fake_quantize_params(w, 'int4')['kernel']
+    Array([[0.2857143, 1.       ]], dtype=float32)
+    >>> jax.grad(lambda w: optax_q.fake_quantize_params(w, 'int4')[
+    ...     'kernel'].sum())(w)['kernel']
+    Array([[1., 1.]], dtype=float32)
+
+  References:
+    Nikdan et al, `ECO: Quantized Training without Full-Precision Master
+    Weights <https://arxiv.org/abs/2601.22101>`_, 2026
+  """
+  fmt = formats_lib.check_format(fmt, 'fmt')
+  scale_mode = validation.check_scale(
+      default_weight_scale_mode(fmt) if scale_mode is None else scale_mode)
+  qarray_lib.check_layout(fmt, scale_mode)
+  block_size = validation.check_block_size(block_size)
+  validation.check_rounding(rounding)
+  seed = validation.check_seed(seed, traced=True)
+  step = validation.check_int(step, 'step', high=formats_lib.UINT32_MAX,
+                               traced=True)
+  chosen = check_filter(filter)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  out = []
+  for index, (path, leaf) in enumerate(flat):
+    if not chosen(path, leaf):
+      out.append(leaf)
+      continue
+    _check_float(path, leaf)
+    key = None
+    if rounding == 'stochastic':
+      key = rounding_lib.stream_key(seed, step, PARAM_STREAM + index)
+    x = jax.lax.stop_gradient(leaf)
+    q = qarray_lib.encode(x, fmt, scale_mode=scale_mode,
+                          block_size=block_size, key=key)
+    out.append(_straight_through(leaf, qarray_lib.decode(q, leaf.dtype)))
+  return treedef.unflatten(out)
