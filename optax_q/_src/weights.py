@@ -43,7 +43,7 @@ Filter = Callable[[Any, Any], bool] | str | None
 # embeddings and output layers (ECO, like QuEST, quantizes the linear layers
 # inside the transformer blocks only).
 EXCLUDED_MODULES = ('embed', 'head', 'logits', 'output', 'unembed')
-FILTERS = ('linear', 'all')
+FILTERS = ('linear', 'matrices', 'all')
 # Stochastic-rounding streams of parameters, apart from those of optimizer
 # state leaves (which count up from 0).
 PARAM_STREAM = 0x80000000
@@ -87,6 +87,11 @@ def _every_float(path: Any, leaf: Any) -> bool:
   return state_tree.is_float_array(leaf) and leaf.ndim >= 1
 
 
+def _every_matrix(path: Any, leaf: Any) -> bool:
+  del path
+  return state_tree.is_float_array(leaf) and leaf.ndim >= 2
+
+
 def check_filter(filter: Filter, name: str = 'filter'  # pylint: disable=redefined-builtin
                  ) -> Callable[[Any, Any], bool]:
   """``filter`` as a callable ``(path, leaf) -> bool``."""
@@ -94,6 +99,8 @@ def check_filter(filter: Filter, name: str = 'filter'  # pylint: disable=redefin
     return is_linear_kernel
   if filter == 'all':
     return _every_float
+  if filter == 'matrices':
+    return _every_matrix
   if isinstance(filter, str) or not callable(filter):
     raise ValueError(
         f'{name} must be None, one of {FILTERS} or a callable '
@@ -143,8 +150,10 @@ def quantize_params(
       a narrow range, ``'none'`` for ``bf16`` and ``fp16``.
     block_size: Elements per scale along the last axis for block scales.
     filter: Which leaves to quantize: None or ``'linear'`` (the kernels of
-      linear layers, :func:`is_linear_kernel`), ``'all'`` (every float
-      leaf of rank >= 1) or a callable ``(path, leaf) -> bool``.
+      linear layers, :func:`is_linear_kernel`), ``'matrices'`` (every
+      float leaf of rank >= 2: embeddings and the output head too),
+      ``'all'`` (every float leaf of rank >= 1) or a callable ``(path,
+      leaf) -> bool``.
     rounding: ``'nearest'`` or ``'stochastic'``.
     seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``.
     scale: Another name of ``scale_mode`` (deprecated, as in

@@ -1,0 +1,392 @@
+"""Training without master weights (ECO): final loss against static memory.
+
+The language-model benchmark of the other studies (the small GPT of
+:mod:`models.gpt` on the byte-level corpus, AdamW b1 0.9, b2 0.999, eps
+1e-8, weight decay 0.1 on matrices, clipping at 1.0, warm-up then cosine),
+trained with its weights in a low-precision format:
+
+* **with master weights** (float32 weights; the forward pass sees the
+  quantized kernels, the gradient goes straight through):
+  ``bf16 w/ MW`` (the reference), ``fp8 w/ MW rn`` and ``fp8 w/ MW sr``;
+* **without master weights**: the weights live in their format
+  (``optax_q.quantize_params``) and ``optax_q.eco`` updates them: naive
+  removal (no feedback) with nearest and stochastic rounding, ECO with
+  nearest and stochastic rounding, int4 weights (row scales), bf16 weights
+  with stochastic rounding (naive, and with ECO);
+* **ECO with low-bit moments** (``optax_q.quantize_state`` around
+  ``optax_q.eco``), every matrix in fp8 (embeddings and head included):
+  8-bit first moment with 8-bit and 4-bit second moments, and a 4-bit
+  first moment, to measure how low the moment carrying the residuals may
+  go.
+
+fp8 is ``fp8_e4m3`` with row-wise absmax scales (the paper's). For each:
+final validation loss (mean over seeds) and static bytes per parameter:
+weights plus optimizer state over all parameters, from the real buffers
+(float32 AdamW: 12).
+
+  python examples/study_eco.py --quick                 # runs/study_eco/
+  python examples/study_eco.py --out docs/results      # the published page
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import pathlib
+import statistics
+import time
+
+import _common  # pylint: disable=g-bad-import-order
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import optax_q
+from models import data
+from models import train
+
+REFERENCE = 'bf16 w/ MW'
+FP8 = 'fp8_e4m3'
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """One row of the study.
+
+  Attributes:
+    name: Row label.
+    weight_format: The weights' format (None: float32 weights).
+    master: Float32 master weights, the forward pass on quantized ones.
+    rounding: How weights are rounded.
+    variant: ``optax_q.eco``'s ``variant`` (without master weights).
+    filter: Which parameters are quantized (``quantize_params``).
+    mu: First-moment format (None: float32).
+    nu: Second-moment format (None: float32).
+    scale_mode: Scale mode of the moments (None: block 128).
+    min_size: Moments of leaves with fewer elements stay float32 (None:
+      the benchmark's 4096).
+  """
+
+  name: str
+  weight_format: str | None
+  master: bool = False
+  rounding: str = 'stochastic'
+  variant: str = 'eco'
+  filter: str = 'linear'
+  mu: str | None = None
+  nu: str | None = None
+  scale_mode: str | None = None
+  min_size: int | None = None
+
+
+CONFIGS = (
+    Config('fp32', None),
+    Config(REFERENCE, 'bf16', master=True, rounding='nearest'),
+    Config('fp8 w/ MW rn', FP8, master=True, rounding='nearest'),
+    Config('fp8 w/ MW sr', FP8, master=True, rounding='stochastic'),
+    Config('fp8 naive rn', FP8, rounding='nearest', variant='naive'),
+    Config('fp8 naive sr', FP8, rounding='stochastic', variant='naive'),
+    Config('fp8 ECO rn', FP8, rounding='nearest'),
+    Config('fp8 ECO sr', FP8, rounding='stochastic'),
+    Config('int4 ECO sr', 'int4', rounding='stochastic'),
+    Config('bf16 naive sr', 'bf16', rounding='stochastic', variant='naive'),
+    Config('bf16 ECO sr', 'bf16', rounding='stochastic'),
+    Config('fp8 ECO sr + m8/v8', FP8, filter='matrices', mu='int8_dynamic',
+           nu='int8_dynamic'),
+    Config('fp8 ECO sr + m8/v4', FP8, filter='matrices', mu='int8_dynamic',
+           nu='ue4m0', scale_mode='block_pow2', min_size=0),
+    Config('fp8 ECO sr + m4/v4', FP8, filter='matrices', mu='nf4',
+           nu='ue4m0', scale_mode='block_pow2', min_size=0),
+)
+QUICK = ('fp32', REFERENCE, 'fp8 naive rn', 'fp8 ECO sr',
+         'fp8 ECO sr + m8/v4')
+TARGET_ECO = 0.5  # percent over the master-weight reference
+TARGET_MEMORY = (2.6, 1.0)  # bytes per parameter, percent over reference
+
+
+def _decay_mask(params):
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+@functools.lru_cache(maxsize=64)
+def make_optimizer(cfg: Config, run: _common.RunConfig, seed: int):
+  """Clipping, then AdamW as ``cfg`` says (cached per seed)."""
+  lr = _common.schedule(run)
+  common = dict(b1=run.b1, b2=run.b2, eps=run.eps,
+                weight_decay=run.weight_decay, mask=_decay_mask)
+  clip = optax.clip_by_global_norm(run.clip_norm)
+  if cfg.weight_format is None or cfg.master:
+    return optax.chain(clip, optax.adamw(lr, **common))
+  inner = optax.inject_hyperparams(optax.adamw, static_args=('mask',))(
+      lr, **common)
+  tx = optax_q.eco(inner, cfg.weight_format, rounding=cfg.rounding,
+                   variant=cfg.variant, seed=seed)
+  if cfg.mu or cfg.nu:
+    tx = optax_q.quantize_state(
+        tx, {'mu': cfg.mu or 'fp32', 'nu': cfg.nu or 'fp32'},
+        rounding='stochastic', seed=seed,
+        min_size=run.min_size if cfg.min_size is None else cfg.min_size,
+        block_size=run.block_size, scale_mode=cfg.scale_mode)
+  return optax.chain(clip, tx)
+
+
+@functools.lru_cache(maxsize=64)
+def make_loss(cfg: Config):
+  """The LM loss; with master weights, on fake-quantized kernels."""
+  if not cfg.master:
+    return train.lm_loss
+
+  def loss(model, params, batch, rng):
+    seed = jax.random.bits(rng, dtype=jnp.uint32)
+    params = optax_q.fake_quantize_params(
+        params, cfg.weight_format, rounding=cfg.rounding, seed=seed)
+    return train.lm_loss(model, params, batch)
+  return loss
+
+
+def nbytes(tree) -> int:
+  return optax_q.state_nbytes(tree)
+
+
+def run_one(cfg: Config, run: _common.RunConfig, corpus, seed: int,
+            progress: bool = False):
+  model = _common.make_model(run)
+  params = _common.init_params(model, seed)
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  if cfg.weight_format is not None and not cfg.master:
+    params = optax_q.quantize_params(
+        params, cfg.weight_format, filter=cfg.filter)
+  tx = make_optimizer(cfg, run, seed)
+  result = train.train(
+      model, params, tx,
+      data.lm_batches(corpus.train, run.batch_size, run.seq_len, seed=seed),
+      steps=run.steps, loss_fn=make_loss(cfg),
+      eval_fn=_common.make_eval_fn(run, corpus), eval_every=run.eval_every,
+      progress=progress, desc=cfg.name, seed=seed)
+  weight_bytes = nbytes(result.params)
+  state_bytes = nbytes(result.opt_state)
+  times = (result.step_times[1:] if len(result.step_times) > 1
+           else result.step_times)
+  quantized = optax_q.quantized_leaves(result.params)
+  final = float(result.eval_losses[-1])
+  return dict(
+      config=cfg.name, seed=seed, final_val_loss=final,
+      finite=bool(np.isfinite(final)),
+      weight_bytes=weight_bytes, state_bytes=state_bytes,
+      params=n_params,
+      bytes_per_param=(weight_bytes + state_bytes) / n_params,
+      quantized_weight_fraction=sum(q.size for q in quantized.values())
+      / n_params,
+      step_ms_median=1e3 * float(np.median(times)))
+
+
+def summarize(rows, configs):
+  by = {}
+  for r in rows:
+    by.setdefault(r['config'], []).append(r)
+  ref = by.get(REFERENCE)
+  ref_loss = statistics.mean(r['final_val_loss'] for r in ref) if ref else None
+  out = []
+  for cfg in configs:
+    rs = by.get(cfg.name)
+    if not rs:
+      continue
+    losses = [r['final_val_loss'] for r in rs]
+    finite = all(np.isfinite(losses))
+    mean = statistics.mean(losses) if finite else float('nan')
+    std = statistics.stdev(losses) if finite and len(losses) > 1 else 0.0
+    out.append(dict(
+        config=cfg.name, weights=cfg.weight_format or 'fp32',
+        master=cfg.master or cfg.weight_format is None,
+        rounding=cfg.rounding if cfg.weight_format else '-',
+        variant=('-' if cfg.master or cfg.weight_format is None
+                 else cfg.variant),
+        moments=f'{cfg.mu or "fp32"}/{cfg.nu or "fp32"}',
+        mean_loss=mean, std_loss=std, diverged=not finite,
+        delta_pct=(100 * (mean / ref_loss - 1) if ref_loss and finite
+                   else float('nan')),
+        bytes_per_param=statistics.mean(r['bytes_per_param'] for r in rs),
+        quantized_weight_fraction=rs[0]['quantized_weight_fraction'],
+        step_ms=statistics.median(r['step_ms_median'] for r in rs)))
+  return out
+
+
+def pareto(summary):
+  """Configurations no other beats on both loss and bytes."""
+  ok = [s for s in summary if not s['diverged']]
+  return [s['config'] for s in ok if not any(
+      (o['mean_loss'] <= s['mean_loss'] and o['bytes_per_param'] <=
+       s['bytes_per_param'] and (o['mean_loss'], o['bytes_per_param']) !=
+       (s['mean_loss'], s['bytes_per_param'])) for o in ok)]
+
+
+def targets(summary):
+  by = {s['config']: s for s in summary}
+  out = {}
+  naive = by.get('fp8 naive rn')
+  if naive:
+    worst = max((s for s in summary if s['config'] != 'fp32'),
+                key=lambda s: (s['diverged'], s['mean_loss']))
+    out['naive_rn_worst'] = dict(
+        met=naive['diverged'] or worst['config'] == 'fp8 naive rn',
+        worst=worst['config'])
+  eco = by.get('fp8 ECO sr')
+  if eco:
+    out['eco_sr_within_0.5pct'] = dict(
+        met=bool(eco['delta_pct'] <= TARGET_ECO), delta_pct=eco['delta_pct'])
+  small = [s for s in summary if s['config'].startswith('fp8 ECO sr +')]
+  if small:
+    fits = [s for s in small if s['bytes_per_param'] <= TARGET_MEMORY[0]
+            and s['delta_pct'] <= TARGET_MEMORY[1]]
+    best = min(small, key=lambda s: s['bytes_per_param'])
+    out['memory_2.6B_within_1pct'] = dict(
+        met=bool(fits), configs=[s['config'] for s in fits],
+        smallest=dict(config=best['config'],
+                      bytes_per_param=best['bytes_per_param'],
+                      delta_pct=best['delta_pct']))
+  return out
+
+
+def _plot(path, summary, front):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  ok = [s for s in summary if not s['diverged']]
+  fig, ax = plt.subplots(figsize=(7.5, 5))
+  for s in ok:
+    color = ('tab:green' if s['config'] in front else
+             'tab:gray' if s['master'] else 'tab:blue')
+    ax.errorbar(s['bytes_per_param'], s['mean_loss'], yerr=s['std_loss'],
+                fmt='o', color=color, ms=4, capsize=2)
+    ax.annotate(s['config'], (s['bytes_per_param'], s['mean_loss']),
+                fontsize=6, xytext=(3, 3), textcoords='offset points')
+  pts = sorted((s['bytes_per_param'], s['mean_loss']) for s in ok
+               if s['config'] in front)
+  if pts:
+    ax.plot(*zip(*pts), color='tab:green', lw=0.8, label='Pareto frontier')
+  ax.axvline(TARGET_MEMORY[0], color='k', lw=0.5, ls='--',
+             label=f'{TARGET_MEMORY[0]} bytes/param')
+  ax.set_xscale('log')
+  ax.set_xlabel('static bytes per parameter (weights + optimizer state)')
+  ax.set_ylabel('final validation loss (nats/byte), mean over seeds')
+  ax.set_title('ECO: memory against loss (small GPT)', fontsize=9)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def _f(x, spec='.4f'):
+  return 'diverged' if x != x else format(x, spec)
+
+
+def render_markdown(result):
+  meta = result['meta']
+  rows = [(s['config'], s['weights'], 'yes' if s['master'] else 'no',
+           s['rounding'], s['variant'], s['moments'],
+           f'{s["quantized_weight_fraction"]:.2f}',
+           f'{s["bytes_per_param"]:.2f}',
+           _f(s['mean_loss']) + ('' if s['diverged'] else
+                                 f' ± {s["std_loss"]:.4f}'),
+           _f(s['delta_pct'], '+.2f'), f'{s["step_ms"]:.1f}')
+          for s in result['summary']]
+  table = _common.markdown_table(
+      ('config', 'weights', 'master', 'rounding', 'feedback', 'moments',
+       'quantized weights', 'bytes/param', 'val loss', f'Δ vs {REFERENCE} %',
+       'step ms'), rows)
+  tg = '\n'.join(f'- `{k}`: {"met" if v["met"] else "missed"} '
+                 f'({json.dumps({a: b for a, b in v.items() if a != "met"})})'
+                 for k, v in result['targets'].items())
+  return f"""# ECO: training without master weights
+
+Written by `examples/study_eco.py`; do not edit.
+
+- Command: `{meta['command']}`
+- Revision: `{meta['git_revision']}`; date: {meta['date']}
+- Machine: {meta['machine']}
+- Seeds: {meta['seeds']}; {meta['steps']} steps; model d_model
+  {meta['run_config']['d_model']}, {meta['run_config']['num_layers']} layers;
+  {meta['seconds']:.0f} s
+
+Bytes per parameter: weights plus optimizer state over all parameters,
+from the real buffers (codes, scales, counters). "quantized weights": the
+fraction of parameters stored in the weight format.
+
+{table}
+
+Pareto frontier (no configuration has both a lower loss and fewer bytes):
+{', '.join(result['pareto'])}.
+
+## Targets
+
+{tg}
+
+![memory against loss](eco.png)
+"""
+
+
+def make_parser():
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=_common.HelpFormatter)
+  p.add_argument('--quick', action='store_true',
+                 help='a smoke run: few steps, one seed, five configs')
+  p.add_argument('--seeds', type=int, nargs='+', default=None,
+                 help='seeds (default: 0 1 2; --quick: 0)')
+  p.add_argument('--steps', type=int, default=None,
+                 help='training steps (default: 500; --quick: 40)')
+  p.add_argument('--configs', nargs='+', default=None,
+                 help='configuration names (default: all)')
+  _common.add_out_argument(p, __file__)
+  return p
+
+
+def main(argv=None):
+  args = make_parser().parse_args(argv)
+  seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+  steps = args.steps or (40 if args.quick else 500)
+  names = args.configs or (QUICK if args.quick else
+                           [c.name for c in CONFIGS])
+  unknown = set(names) - {c.name for c in CONFIGS}
+  if unknown:
+    raise SystemExit(f'unknown configs {sorted(unknown)}; known: '
+                     f'{[c.name for c in CONFIGS]}')
+  configs = [c for c in CONFIGS if c.name in names]
+  run = _common.RunConfig(steps=steps,
+                          eval_every=max(steps // 5, 1),
+                          eval_batches=8 if args.quick else 24)
+  corpus = _common.load_corpus(run)
+  start = time.time()
+  rows = []
+  for cfg in configs:
+    for seed in seeds:
+      row = run_one(cfg, run, corpus, seed)
+      rows.append(row)
+      print(f'{cfg.name:24s} seed {seed}: loss {row["final_val_loss"]:.4f} '
+            f'{row["bytes_per_param"]:.2f} B/param '
+            f'{row["step_ms_median"]:.1f} ms/step', flush=True)
+    jax.clear_caches()
+  summary = summarize(rows, configs)
+  front = pareto(summary)
+  meta = dict(command=_common.command_line(__file__, argv),
+              git_revision=_common.git_revision(), date=_common.now_utc(),
+              machine=_common.machine(), seeds=seeds, steps=steps,
+              run_config=dataclasses.asdict(run),
+              seconds=time.time() - start)
+  result = dict(meta=meta, summary=summary, pareto=front,
+                targets=targets(summary), rows=rows)
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / 'eco.json').write_text(
+      json.dumps(result, indent=1, allow_nan=True) + '\n')
+  _plot(out / 'eco.png', summary, front)
+  (out / 'eco.md').write_text(render_markdown(result))
+  print(_common.text_table(
+      ('config', 'B/param', 'loss', 'delta %'),
+      [(s['config'], f'{s["bytes_per_param"]:.2f}', _f(s['mean_loss']),
+        _f(s['delta_pct'], '+.2f')) for s in summary]))
+  print(f'wrote {out}/eco.{{json,md,png}}')
+  return result
+
+
+if __name__ == '__main__':
+  main()
