@@ -270,7 +270,10 @@ def _update(inner, config, updates, state, params=None, **extra_args):
         inject = coeff * gain * (err - e / h.beta)
       else:
         inject = coeff * gain * (1 - 1 / h.beta) * e
-      m32 = m32 + inject
+      # A learning rate so small that the injection overflows float32
+      # (or a non-finite residual) skips the feedback of that element.
+      fed = m32 + inject
+      m32 = jnp.where(jnp.isfinite(fed) | ~jnp.isfinite(m32), fed, m32)
     new_m.append(m32.astype(m.dtype))
     new_err.append(e if config['variant'] == 'exact' else None)
   new_m_tree = treedef.unflatten(new_m)
@@ -313,7 +316,8 @@ def eco(
   ``optax.adamw``, schedules welcome), from whose state ``eco`` reads the
   learning rate, momentum and weight decay of every step. A step whose
   learning rate is 0 (or negative, or not finite) skips the feedback
-  instead of dividing by it. Wrap the result in :func:`quantize_state` to
+  instead of dividing by it, and so does an element whose injection would
+  overflow float32 (a learning rate near float32's smallest normal). Wrap the result in :func:`quantize_state` to
   store the moments in low precision: the feedback then happens before the
   first moment is encoded, once per step. Keep that first moment at 8 bits
   or more (it carries residuals of the size of a weight's rounding step
