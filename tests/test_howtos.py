@@ -46,6 +46,8 @@ class HowToTest(parameterized.TestCase):
       ('formats_and_schedules', ['--steps', '3'], 'int4_unsigned'),
       ('shard_state', ['--steps', '2'], 'bit-identical: True'),
       ('memory_budget', ['--budget-mib', '40'], 'MiB: fp8'),
+      ('master_free', ['--steps', '6', '--save-at', '3'],
+       'bit-identical: True'),
   )
   def test_runs_and_checks(self, name, argv, expected):
     out = io.StringIO()
