@@ -280,7 +280,7 @@ def _f(x, spec='.4f'):
   return 'diverged' if x != x else format(x, spec)
 
 
-def render_markdown(result):
+def render_markdown(result, name='eco'):
   meta = result['meta']
   rows = [(s['config'], s['weights'], 'yes' if s['master'] else 'no',
            s['rounding'], s['variant'], s['moments'],
@@ -321,7 +321,7 @@ Pareto frontier (no configuration has both a lower loss and fewer bytes):
 
 {tg}
 
-![memory against loss](eco.png)
+![memory against loss]({name}.png)
 """
 
 
@@ -332,18 +332,44 @@ def make_parser():
                  help='a smoke run: few steps, one seed, five configs')
   p.add_argument('--seeds', type=int, nargs='+', default=None,
                  help='seeds (default: 0 1 2; --quick: 0)')
-  p.add_argument('--steps', type=int, default=None,
-                 help='training steps (default: 500; --quick: 40)')
   p.add_argument('--configs', nargs='+', default=None,
                  help='configuration names (default: all)')
+  p.add_argument('--name', default='eco',
+                 help='stem of the result files (<name>.json, .md, .png)')
+  p.add_argument('--render', action='store_true',
+                 help='only re-write <name>.md and .png from the '
+                 '<name>.json in --out (no training)')
+  _common.add_run_args(p, _common.RunConfig(steps=500))
   _common.add_out_argument(p, __file__)
   return p
 
 
+def _finish(out, name, result):
+  configs = [c for c in CONFIGS
+             if c.name in {r['config'] for r in result['rows']}]
+  result['summary'] = summarize(result['rows'], configs)
+  result['pareto'] = pareto(result['summary'])
+  result['targets'] = targets(result['summary'])
+  (out / f'{name}.json').write_text(
+      json.dumps(result, indent=1, allow_nan=True) + '\n')
+  _plot(out / f'{name}.png', result['summary'], result['pareto'])
+  md = render_markdown(result, name)
+  (out / f'{name}.md').write_text(md)
+  return md
+
+
 def main(argv=None):
   args = make_parser().parse_args(argv)
+  out = pathlib.Path(args.out)
+  if args.render:
+    result = json.loads((out / f'{args.name}.json').read_text())
+    return _finish(out, args.name, result)
   seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-  steps = args.steps or (40 if args.quick else 500)
+  run = _common.run_config_from_args(args)
+  if args.quick and run.steps == 500:
+    run = dataclasses.replace(run, steps=40, eval_batches=8)
+  if run.eval_every == 100:
+    run = dataclasses.replace(run, eval_every=max(run.steps // 5, 1))
   names = args.configs or (QUICK if args.quick else
                            [c.name for c in CONFIGS])
   unknown = set(names) - {c.name for c in CONFIGS}
@@ -351,10 +377,7 @@ def main(argv=None):
     raise SystemExit(f'unknown configs {sorted(unknown)}; known: '
                      f'{[c.name for c in CONFIGS]}')
   configs = [c for c in CONFIGS if c.name in names]
-  run = _common.RunConfig(steps=steps,
-                          eval_every=max(steps // 5, 1),
-                          eval_batches=8 if args.quick else 24)
-  corpus = _common.load_corpus(run)
+  corpus = _common.load_corpus(run, args.data)
   start = time.time()
   rows = []
   for cfg in configs:
@@ -365,26 +388,20 @@ def main(argv=None):
             f'{row["bytes_per_param"]:.2f} B/param '
             f'{row["step_ms_median"]:.1f} ms/step', flush=True)
     jax.clear_caches()
-  summary = summarize(rows, configs)
-  front = pareto(summary)
   meta = dict(command=_common.command_line(__file__, argv),
               git_revision=_common.git_revision(), date=_common.now_utc(),
-              machine=_common.machine(), seeds=seeds, steps=steps,
+              machine=_common.machine(), seeds=seeds, steps=run.steps,
               run_config=dataclasses.asdict(run),
               seconds=time.time() - start)
-  result = dict(meta=meta, summary=summary, pareto=front,
-                targets=targets(summary), rows=rows)
-  out = pathlib.Path(args.out)
+  result = dict(meta=meta, rows=rows)
   out.mkdir(parents=True, exist_ok=True)
-  (out / 'eco.json').write_text(
-      json.dumps(result, indent=1, allow_nan=True) + '\n')
-  _plot(out / 'eco.png', summary, front)
-  (out / 'eco.md').write_text(render_markdown(result))
+  _finish(out, args.name, result)
+  summary = result['summary']
   print(_common.text_table(
       ('config', 'B/param', 'loss', 'delta %'),
       [(s['config'], f'{s["bytes_per_param"]:.2f}', _f(s['mean_loss']),
         _f(s['delta_pct'], '+.2f')) for s in summary]))
-  print(f'wrote {out}/eco.{{json,md,png}}')
+  print(f'wrote {out}/{args.name}.{{json,md,png}}')
   return result
 
 

@@ -135,6 +135,28 @@ class QuantizeParamsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, name):
       optax_q.quantize_params(_gpt_like(), **kwargs)
 
+  @parameterized.parameters('fp4_e2m2u', 'ue4m0', 'int4_unsigned')
+  def test_unsigned_formats_refused(self, fmt):
+    with self.assertRaisesRegex(ValueError, 'fmt.*unsigned'):
+      optax_q.quantize_params(_gpt_like(), fmt)
+    with self.assertRaisesRegex(ValueError, 'fmt.*unsigned'):
+      optax_q.fake_quantize_params(_gpt_like(), fmt)
+    with self.assertRaisesRegex(ValueError, 'weight_format.*unsigned'):
+      optax_q.eco(_sgd(), fmt)
+
+  def test_nothing_chosen_is_an_error(self):
+    with self.assertRaisesRegex(ValueError, 'filter chose no parameter'):
+      optax_q.quantize_params({'w': jnp.ones((4, 8))})
+    self.assertLen(optax_q.quantized_leaves(optax_q.quantize_params(
+        {'w': jnp.ones((4, 8))}, filter='matrices')), 1)
+
+  def test_nnx_state(self):
+    from flax import nnx  # pylint: disable=g-import-not-at-top
+    model = nnx.Linear(8, 16, rngs=nnx.Rngs(0))
+    _, state = nnx.split(model, nnx.Param)
+    q = optax_q.quantize_params(state)
+    self.assertLen(optax_q.quantized_leaves(q), 1)
+
   def test_non_float_and_already_quantized(self):
     with self.assertRaisesRegex(ValueError, 'not a floating-point'):
       optax_q.quantize_params({'k': jnp.ones((4, 4), jnp.int32)},
@@ -179,18 +201,29 @@ class ApplyUpdatesTest(absltest.TestCase):
   def test_bad_updates(self):
     q = optax_q.quantize_params({'kernel': jnp.ones((4, 8)),
                                  'bias': jnp.ones(8)})
+    tx = optax_q.eco(_inject(optax.adamw, 1e-3))
+    updates, _ = tx.update({'kernel': jnp.ones((4, 8)), 'bias': jnp.ones(8)},
+                           tx.init(q), q)
     with self.assertRaisesRegex(ValueError, 'structure'):
       optax_q.apply_updates(q, {'kernel': jnp.ones((4, 8))})
-    with self.assertRaisesRegex(ValueError, 'plain array.*quantized'):
+    with self.assertRaisesRegex(ValueError, 'plain array, not new weights'):
       optax_q.apply_updates(q, {'kernel': jnp.ones((4, 8)),
                                 'bias': jnp.ones(8)})
-    with self.assertRaisesRegex(ValueError, 'QArray but the parameter'):
-      optax_q.apply_updates(q, {'kernel': q['kernel'],
-                                'bias': q['kernel']})
-    other = optax_q.quantize_params({'kernel': jnp.ones((4, 8))}, 'int4')
+    with self.assertRaisesRegex(ValueError, 'parameter is a plain array'):
+      optax_q.apply_updates(q, {'kernel': updates['kernel'],
+                                'bias': updates['kernel']})
+    other = optax_q.quantize_params({'kernel': jnp.ones((4, 8)),
+                                     'bias': jnp.ones(8)}, 'int4')
     with self.assertRaisesRegex(ValueError, 'layout'):
-      optax_q.apply_updates(q, {'kernel': other['kernel'],
-                                'bias': jnp.ones(8)})
+      optax_q.apply_updates(other, updates)
+    # Optax's own apply_updates (and Flax's optimizers, which call it)
+    # cannot add eco's new weights to codes: a structure error.
+    with self.assertRaises((ValueError, TypeError)):
+      optax.apply_updates(q, updates)
+    # A transform after eco changes the new weights: refused.
+    scaled = optax.scale(0.5).update(updates, optax.scale(0.5).init(q))[0]
+    with self.assertRaisesRegex(ValueError, 'last transform'):
+      optax_q.apply_updates(q, scaled)
 
 
 class EcoArgumentsTest(parameterized.TestCase):
@@ -216,6 +249,18 @@ class EcoArgumentsTest(parameterized.TestCase):
       ('negative_lr', lambda: _inject(optax.adam, -1e-3), 'learning_rate'),
       ('nan_lr', lambda: _inject(optax.adam, float('nan')), 'learning_rate'),
       ('lion', lambda: _inject(optax.lion, 1e-3), 'momentum'),
+      ('lr_array', lambda: _inject(optax.adam, jnp.ones(2)), 'scalar'),
+      ('lr_string', lambda: _inject(optax.adam, 'fast'), 'numeric'),
+      ('nesterov_sgd', lambda: _inject(optax.sgd, 0.1, momentum=0.9,
+                                       nesterov=True), 'Nesterov'),
+      ('nesterov_adam', lambda: _inject(optax.adam, 1e-3, nesterov=True),
+       'Nesterov'),
+      ('nadam', lambda: _inject(optax.nadam, 1e-3), 'NAdam'),
+      ('adamax', lambda: _inject(optax.adamax, 1e-3), 'AdaMax'),
+      ('radam', lambda: _inject(optax.radam, 1e-3), 'RAdam'),
+      ('lamb', lambda: _inject(optax.lamb, 1e-3), 'LAMB'),
+      ('scale_after', lambda: optax.chain(_sgd(), optax.scale(2.0)),
+       'after the optimizer'),
   )
   def test_bad_inner(self, make, pattern):
     with self.assertRaisesRegex(ValueError, pattern):
@@ -398,6 +443,28 @@ class EcoOraclesTest(parameterized.TestCase):
 
 class EcoTrapsTest(parameterized.TestCase):
 
+  def test_exact_variant_keeps_residual_over_zero_learning_rate(self):
+    # A step without feedback keeps the residual still due (exactness with
+    # master weights is for a fixed learning rate only).
+    grad, _, w0 = _problem(10)
+    sched = lambda t: jnp.where((t >= 5) & (t < 7), 0.0, 0.05)
+    qp = optax_q.quantize_params({'kernel': w0}, 'fp8_e4m3',
+                                 scale_mode='none')
+    tx = optax_q.eco(_inject(optax.sgd, sched, momentum=0.9),
+                     variant='exact', rounding='nearest')
+    five, state5 = _train(tx, qp, grad, 5)
+    state = state5
+    step = jax.jit(lambda qp, st: tx.update(
+        {'kernel': grad(optax_q.dequantize_params(qp)['kernel'])}, st, qp))
+    p = five
+    for _ in range(2):
+      updates, state = step(p, state)
+      p = optax_q.apply_updates(p, updates)
+    self.assertGreater(float(jnp.abs(state5.error['kernel']).max()), 0)
+    helpers.assert_trees_equal(state.error, state5.error)
+    helpers.assert_trees_equal(optax_q.dequantize_params(p),
+                               optax_q.dequantize_params(five))
+
   def test_zero_learning_rate_skips_feedback(self):
     grad, _, w0 = _problem(5)
     qp = optax_q.quantize_params({'kernel': w0}, 'fp8_e4m3')
@@ -409,7 +476,8 @@ class EcoTrapsTest(parameterized.TestCase):
     u1, s1 = tx.update(g, s1, qp)
     u2, s2 = naive.update(g, s2, qp)
     helpers.assert_bits_equal(s1, s2)  # lr = 0 at step 1: no feedback.
-    helpers.assert_bits_equal(u1, qp)  # And the weights did not move.
+    # And the weights did not move.
+    helpers.assert_bits_equal(optax_q.apply_updates(qp, u1), qp)
     out, state = _train(tx, qp, grad, 5)
     for x in jax.tree.leaves((out, state)):
       self.assertTrue(bool(jnp.all(jnp.isfinite(x))))

@@ -50,6 +50,7 @@ import demo  # noqa: E402
 import profile_step  # noqa: E402
 import staleness_simulation  # noqa: E402
 import study_bits  # noqa: E402
+import study_eco  # noqa: E402
 import study_lowbit  # noqa: E402
 import study_precision  # noqa: E402
 import study_staleness  # noqa: E402
@@ -57,8 +58,8 @@ import update_error  # noqa: E402
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 SCRIPTS = (bench_step, demo, profile_step, staleness_simulation,
-           study_bits, study_lowbit, study_precision, study_staleness,
-           update_error)
+           study_bits, study_eco, study_lowbit, study_precision,
+           study_staleness, update_error)
 
 # The same model and schedule for both scripts: compiled steps are shared.
 TINY = ['--d-model', '32', '--num-layers', '1', '--num-heads', '2',
@@ -421,6 +422,33 @@ class StudyBitsTest(_DocsUnchanged):
     md, _ = _quiet(study_bits.main, ['--render', '--out', str(self.out)])
     self.assertIn('| lm | `adaptive` |', md)
     self.assertIn('re-rendered with', md)
+
+
+class StudyEcoTest(_DocsUnchanged):
+
+  def test_writes_its_files_and_measures_real_bytes(self):
+    names = ['fp32', 'fp8 naive rn', 'fp8 ECO sr + m8/v4']
+    result, text = _quiet(study_eco.main, [
+        *TINY, '--seeds', '0', '--configs', *names, '--out', str(self.out)])
+    self.assert_wrote('eco.json', 'eco.md', 'eco.png')
+    saved = json.loads((self.out / 'eco.json').read_text())
+    summary = {s['config']: s for s in saved['summary']}
+    self.assertEqual(list(summary), names)
+    self.assertAlmostEqual(summary['fp32']['bytes_per_param'], 12.0,
+                           delta=0.05)
+    self.assertLess(summary['fp8 ECO sr + m8/v4']['bytes_per_param'], 4.0)
+    self.assertGreater(
+        summary['fp8 ECO sr + m8/v4']['quantized_weight_fraction'], 0.5)
+    self.assertIn('python examples/study_eco.py', saved['meta']['command'])
+    self.assertIn('fp8 ECO sr + m8/v4', text)
+    md, _ = _quiet(study_eco.main, ['--render', '--out', str(self.out)])
+    self.assertEqual(md, (self.out / 'eco.md').read_text())
+
+  def test_published_page_is_its_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    shutil.copy(results / 'eco.json', self.out / 'eco.json')
+    md, _ = _quiet(study_eco.main, ['--render', '--out', str(self.out)])
+    self.assertEqual(md, (results / 'eco.md').read_text())
 
 
 class ProfileStepTest(_DocsUnchanged):

@@ -137,8 +137,12 @@ def _probe(inner: optax.GradientTransformation) -> tuple[bool, dict]:
   beta_name = 'b1' if adam else 'momentum'
   if 'learning_rate' not in hp or beta_name not in hp:
     raise ValueError(
-        f'inner has no learning_rate or {beta_name} hyperparameter '
-        f'(it has {sorted(hp)}): {how}.')
+        f'inner has no numeric learning_rate or {beta_name} (a number, a '
+        f'scalar array or a schedule; it has {sorted(hp)}): {how}.')
+  for name, value in hp.items():
+    if np.ndim(value) != 0:
+      raise ValueError(f'{name} must be a scalar, got shape '
+                       f'{np.shape(value)}.')
   lr = float(hp['learning_rate'])
   if not np.isfinite(lr) or lr < 0:
     raise ValueError(
@@ -149,13 +153,48 @@ def _probe(inner: optax.GradientTransformation) -> tuple[bool, dict]:
         f'{beta_name} must be in (0, 1) for ECO, got {beta}: the feedback '
         f'coefficient (1 - 1/{beta_name}) / learning_rate needs momentum '
         '(plain SGD has no buffer to carry the residual).')
-  if bool(hp.get('nesterov', False)):
-    raise ValueError('nesterov=True is not supported by eco; use '
-                     'nesterov=False.')
   for name in ('b2', 'eps', 'weight_decay'):
     if name in hp and not np.all(np.isfinite(hp[name])):
       raise ValueError(f'{name} must be finite, got {hp[name]}.')
+  _check_update_rule(inner, adam)
   return adam, hp
+
+
+def _check_update_rule(inner, adam: bool) -> None:
+  """Runs ``inner`` for a few steps on a small problem and checks that its
+  updates are what the feedback coefficient assumes: ``-lr m`` for SGD with
+  heavy-ball momentum, ``-lr (m_hat / (sqrt(v_hat + eps_root) + eps) +
+  wd w)`` for Adam/AdamW. Nesterov momentum, NAdam, AdaMax, RAdam, LAMB or a
+  transform after the optimizer's step fail here: their momentum re-applies
+  an injected residual differently."""
+  params = {'w': jnp.array([[0.5, -1.0, 2.0], [-0.25, 1.5, -3.0]],
+                           jnp.float32)}
+  state = inner.init(params)
+  for step in range(3):
+    grads = {'w': jnp.array([[1.0, -2.0, 0.5], [3.0, -0.5, 0.25]],
+                            jnp.float32) * (1.0 + 0.5 * step)}
+    updates, state = optax.with_extra_args_support(inner).update(
+        grads, state, params)
+    h = _hyper(state, adam)
+    moment = _find_all(state, _is_moment)[0]
+    lr = float(h.learning_rate)
+    if adam:
+      t = float(moment.count)
+      m_hat = moment.mu['w'] / (1 - float(h.beta) ** t)
+      v_hat = moment.nu['w'] / (1 - float(h.b2) ** t)
+      direction = m_hat / (jnp.sqrt(v_hat + h.eps_root) + h.eps)
+      want = -lr * (direction + h.weight_decay * params['w'])
+    else:
+      want = -lr * moment.trace['w']
+    if not np.allclose(updates['w'], want, rtol=1e-4, atol=1e-7):
+      raise ValueError(
+          'inner is not SGD with momentum or Adam/AdamW as eco expects: its '
+          'update is not -lr * momentum (SGD) or -lr * (m_hat / (sqrt(v_hat)'
+          ' + eps) + weight_decay * w) (Adam). Nesterov momentum, NAdam, '
+          'AdaMax, RAdam, LAMB and transforms after the optimizer are not '
+          'supported: put clipping and scaling before eco, and use '
+          'optax.sgd(lr, momentum) or optax.adam/adamw without nesterov.')
+    params = jax.tree.map(lambda p, u: p + u, params, updates)
 
 
 def _as_float32(tree: Any) -> Any:
@@ -241,8 +280,12 @@ def _update(inner, config, updates, state, params=None, **extra_args):
     bias2 = 1 - h.b2 ** t
     flat_nu = treedef.flatten_up_to(moment.nu)
   flat_m = treedef.flatten_up_to(moment.mu if adam else moment.trace)
-  flat_err = (treedef.flatten_up_to(state.error)
-              if state.error is not None else [None] * len(flat_p))
+  flat_err = [None] * len(flat_p)
+  if state.error is not None:
+    flat_err = jax.tree.leaves(
+        state.error, is_leaf=lambda x: x is None)
+    if len(flat_err) != len(flat_p):
+      raise ValueError('eco: the state was initialised with other params.')
   new_u, new_m, new_err = [], [], []
   for i, (p, w, du, m, err) in enumerate(
       zip(flat_p, theta, flat_u, flat_m, flat_err)):
@@ -258,7 +301,7 @@ def _update(inner, config, updates, state, params=None, **extra_args):
                                     weights.PARAM_STREAM + i)
     w = w.astype(jnp.float32)
     q, e = _requantize(config, p, w, w + du.astype(jnp.float32), key)
-    new_u.append(q)
+    new_u.append(weights.NewWeights.of(q) if qarray_lib.is_qarray(p) else q)
     m32 = m.astype(jnp.float32)
     if config['variant'] != 'naive':
       # Per element, the step the momentum is taken with (1 for SGD).
@@ -275,7 +318,15 @@ def _update(inner, config, updates, state, params=None, **extra_args):
       fed = m32 + inject
       m32 = jnp.where(jnp.isfinite(fed) | ~jnp.isfinite(m32), fed, m32)
     new_m.append(m32.astype(m.dtype))
-    new_err.append(e if config['variant'] == 'exact' else None)
+    if config['variant'] == 'exact':
+      if err is None:
+        raise ValueError(
+            'eco: the state holds no residual for a quantized parameter; '
+            'initialise it with the quantized params (tx.init(qparams)).')
+      # A step without feedback (learning rate 0) keeps the residual due.
+      new_err.append(jnp.where(active, e, err + e))
+    else:
+      new_err.append(None)
   new_m_tree = treedef.unflatten(new_m)
   moment = (moment._replace(mu=new_m_tree) if adam
             else moment._replace(trace=new_m_tree))
@@ -376,7 +427,7 @@ def eco(
   """
   validation.check_transform(inner)
   fmt = (None if weight_format is None
-         else formats_lib.check_format(weight_format, 'weight_format'))
+         else weights.check_weight_format(weight_format, 'weight_format'))
   validation.check_rounding(rounding)
   validation.check_choice(variant, 'variant', VARIANTS)
   decay_factor = validation.check_bool(decay_factor, 'decay_factor')

@@ -38,6 +38,7 @@ from optax_q._src import qarray as qarray_lib
 from optax_q._src import rounding as rounding_lib
 from optax_q._src import state_tree
 from optax_q._src import validation
+from optax_q._src import weights
 
 Format = formats_lib.Format
 QArray = qarray_lib.QArray
@@ -413,11 +414,12 @@ def _update(config: StorageConfig, inner, updates, state, params=None,
   if result is None:
     result = _update_whole_tree(step, updates, params, extra_args)
   new_updates, new_qstate, stalled = result
-  # A QArray update (the new weights of ``optax_q.eco``) is kept as it is.
+  # New weights (the updates ``optax_q.eco`` gives quantized parameters)
+  # are kept as they are.
   new_updates = jax.tree.map(
-      lambda n, o: n if qarray_lib.is_qarray(n) or n is None
+      lambda n, o: n if n is None or weights.is_new_weights(n)
       else optax.tree.cast_like(n, o), new_updates, updates,
-      is_leaf=lambda x: qarray_lib.is_qarray(x) or x is None)
+      is_leaf=lambda x: x is None or weights.is_new_weights(x))
   return new_updates, QuantizedState(
       count=optax.safe_increment(state.count), inner_state=new_qstate,
       stalled=stalled)

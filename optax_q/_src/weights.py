@@ -24,6 +24,7 @@ float32 master weights take the gradient (straight through).
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 import jax
@@ -45,8 +46,69 @@ Filter = Callable[[Any, Any], bool] | str | None
 EXCLUDED_MODULES = ('embed', 'head', 'logits', 'output', 'unembed')
 FILTERS = ('linear', 'matrices', 'all')
 # Stochastic-rounding streams of parameters, apart from those of optimizer
-# state leaves (which count up from 0).
+# state leaves (which count up from 0); quantize_params draws at a step
+# that training steps reach only after 2**32 - 1 updates.
 PARAM_STREAM = 0x80000000
+_INITIAL_STEP = 0xFFFFFFFF
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+def _bits_of(x: jax.Array) -> jax.Array:
+  return jax.lax.bitcast_convert_type(x, _UINT[jnp.dtype(x.dtype).itemsize])
+
+
+@dataclasses.dataclass(frozen=True)
+class NewWeights:
+  """The update :func:`optax_q.eco` gives a quantized parameter: its new
+  value, to be written by :func:`apply_updates`.
+
+  The codes and scales are held as their bit patterns (unsigned integers):
+  ``optax.apply_updates`` (and Flax's optimizers, which call it) then fail
+  on the structure instead of adding codes to codes, and a transform placed
+  after ``eco`` that rescales the updates turns them into floats, which
+  :func:`apply_updates` refuses.
+  """
+
+  codes: jax.Array
+  scale: jax.Array | None
+  like: QArray = dataclasses.field(metadata=dict(static=True))
+
+  @classmethod
+  def of(cls, q: QArray) -> 'NewWeights':
+    like = dataclasses.replace(q, codes=None, scale=None)
+    return cls(_bits_of(q.codes),
+               None if q.scale is None else _bits_of(q.scale), like)
+
+  def weights(self, param: QArray, where: str) -> QArray:
+    """The new QArray, checked against the parameter's layout."""
+    if not _same_layout(param, self.like):
+      raise ValueError(
+          f'updates[{where!r}] has layout {qarray_lib.layout_tag(self.like)}'
+          f' {self.like.shape}, the parameter '
+          f'{qarray_lib.layout_tag(param)} {param.shape}.')
+    parts = [(self.codes, param.codes)]
+    if self.scale is not None:
+      parts.append((self.scale, param.scale))
+    for new, old in parts:
+      want = _UINT[jnp.dtype(old.dtype).itemsize]
+      if jnp.dtype(new.dtype) != jnp.dtype(want):
+        raise ValueError(
+            f'updates[{where!r}] was changed after optax_q.eco (its codes '
+            f'are {new.dtype}, not {jnp.dtype(want).name}): eco returns '
+            'the new quantized weights, so it must be the last transform '
+            'of the chain (clip and scale before it).')
+    codes = jax.lax.bitcast_convert_type(self.codes, param.codes.dtype)
+    scale = (None if self.scale is None else
+             jax.lax.bitcast_convert_type(self.scale, param.scale.dtype))
+    return dataclasses.replace(param, codes=codes, scale=scale)
+
+
+jax.tree_util.register_dataclass(
+    NewWeights, data_fields=['codes', 'scale'], meta_fields=['like'])
+
+
+def is_new_weights(x: Any) -> bool:
+  return isinstance(x, NewWeights)
 
 
 def key_name(key: Any) -> str:
@@ -74,6 +136,8 @@ def is_linear_kernel(path: Any, leaf: Any) -> bool:
     Whether the leaf is quantized by default.
   """
   names = [key_name(k).lower() for k in path]
+  if names and names[-1] == 'value':  # A Flax NNX Variable's value.
+    names = names[:-1]
   if not names or names[-1] != 'kernel':
     return False
   if not state_tree.is_float_array(leaf) or leaf.ndim < 2:
@@ -106,6 +170,17 @@ def check_filter(filter: Filter, name: str = 'filter'  # pylint: disable=redefin
         f'{name} must be None, one of {FILTERS} or a callable '
         f'(path, leaf) -> bool, got {validation.short(filter)}.')
   return filter
+
+
+def check_weight_format(fmt: Any, name: str = 'fmt') -> formats_lib.Format:
+  """A core format that can hold negative weights."""
+  fmt = formats_lib.check_format(fmt, name)
+  if not fmt.signed:
+    raise ValueError(
+        f'{name}={fmt.name!r} is unsigned (no negative values) and cannot '
+        'hold weights; use a signed format such as fp8_e4m3, int4, int8, '
+        'nf4 or bf16.')
+  return fmt
 
 
 def default_weight_scale_mode(fmt: formats_lib.Format) -> str:
@@ -183,7 +258,7 @@ def quantize_params(
   """
   name, scale_mode = validation.renamed('scale', scale, 'scale_mode',
                                         scale_mode)
-  fmt = formats_lib.check_format(fmt, 'fmt')
+  fmt = check_weight_format(fmt)
   scale_mode = validation.check_scale(
       default_weight_scale_mode(fmt) if scale_mode is None else scale_mode,
       name)
@@ -195,6 +270,7 @@ def quantize_params(
   flat, treedef = jax.tree_util.tree_flatten_with_path(
       params, is_leaf=qarray_lib.is_qarray)
   out = []
+  chose = False
   for index, (path, leaf) in enumerate(flat):
     if qarray_lib.is_qarray(leaf):
       raise ValueError(
@@ -207,9 +283,16 @@ def quantize_params(
     qarray_lib.check_layout(fmt, scale_mode, name, leaf.shape)
     key = None
     if rounding == 'stochastic':
-      key = rounding_lib.stream_key(seed, 0, PARAM_STREAM + index)
+      key = rounding_lib.stream_key(seed, _INITIAL_STEP,
+                                    PARAM_STREAM + index)
     out.append(qarray_lib.encode(
         leaf, fmt, scale_mode=scale_mode, block_size=block_size, key=key))
+    chose = True
+  if not chose and flat:
+    raise ValueError(
+        'filter chose no parameter to quantize (the default takes leaves '
+        "named 'kernel' of rank >= 2 outside embeddings and output layers); "
+        "pass filter='matrices', 'all' or a callable (path, leaf) -> bool.")
   return treedef.unflatten(out)
 
 
@@ -252,9 +335,9 @@ def _same_layout(a: QArray, b: QArray) -> bool:
 def apply_updates(params: Any, updates: Any) -> Any:
   """Applies updates to parameters that may be quantized.
 
-  A quantized parameter (a :class:`QArray`) is replaced by its update, which
-  must be a :class:`QArray` of the same layout: the new weights that
-  :func:`optax_q.eco` computed and quantized. Plain parameters take
+  A quantized parameter (a :class:`QArray`) is replaced by its update: the
+  new weights that :func:`optax_q.eco` computed and quantized, in the same
+  layout. Plain parameters take
   ``optax.apply_updates``'s ``p + u`` in the parameter's dtype; a tree
   without :class:`QArray` s is passed to ``optax.apply_updates`` whole.
 
@@ -283,7 +366,8 @@ def apply_updates(params: Any, updates: Any) -> Any:
     Array([0.5, 0.5, 0.5, 0.5], dtype=float32)
   """
   p_def = jax.tree.structure(params, is_leaf=qarray_lib.is_qarray)
-  u_def = jax.tree.structure(updates, is_leaf=qarray_lib.is_qarray)
+  u_def = jax.tree.structure(
+      updates, is_leaf=lambda x: qarray_lib.is_qarray(x) or is_new_weights(x))
   if p_def != u_def:
     raise ValueError(
         'updates must have the structure of params (with QArray leaves '
@@ -292,26 +376,24 @@ def apply_updates(params: Any, updates: Any) -> Any:
       params, is_leaf=qarray_lib.is_qarray)[0]
   if not any(qarray_lib.is_qarray(p) for _, p in flat_p):
     return optax.apply_updates(params, updates)
-  flat_u = p_def.flatten_up_to(updates)
+  flat_u = jax.tree.leaves(
+      updates, is_leaf=lambda x: qarray_lib.is_qarray(x) or is_new_weights(x)
+      or x is None)
   out = []
   for (path, p), u in zip(flat_p, flat_u):
     where = state_tree.path_str(path)
     if qarray_lib.is_qarray(p):
-      if not qarray_lib.is_qarray(u):
+      if not is_new_weights(u):
         raise ValueError(
-            f'updates[{where!r}] is a plain array but the parameter is '
-            f'quantized ({qarray_lib.layout_tag(p)}): quantized parameters '
-            'take the new QArray that optax_q.eco returns (wrap the '
-            'optimizer in optax_q.eco).')
-      if not _same_layout(p, u):
-        raise ValueError(
-            f'updates[{where!r}] has layout {qarray_lib.layout_tag(u)} '
-            f'{u.shape}, the parameter {qarray_lib.layout_tag(p)} {p.shape}.')
-      out.append(u)
-    elif qarray_lib.is_qarray(u):
+            f'updates[{where!r}] is a plain array, not new weights, but the '
+            f'parameter is quantized ({qarray_lib.layout_tag(p)}): quantized '
+            'parameters take the new weights that optax_q.eco returns '
+            '(wrap the optimizer in optax_q.eco).')
+      out.append(u.weights(p, where))
+    elif is_new_weights(u) or qarray_lib.is_qarray(u):
       raise ValueError(
-          f'updates[{where!r}] is a QArray but the parameter is a plain '
-          'array.')
+          f'updates[{where!r}] holds new quantized weights but the '
+          'parameter is a plain array.')
     elif p is None:
       out.append(None)
     else:
@@ -387,7 +469,7 @@ def fake_quantize_params(
     Nikdan et al, `ECO: Quantized Training without Full-Precision Master
     Weights <https://arxiv.org/abs/2601.22101>`_, 2026
   """
-  fmt = formats_lib.check_format(fmt, 'fmt')
+  fmt = check_weight_format(fmt)
   scale_mode = validation.check_scale(
       default_weight_scale_mode(fmt) if scale_mode is None else scale_mode)
   qarray_lib.check_layout(fmt, scale_mode)
