@@ -65,6 +65,8 @@ class Config:
     scale_mode: Scale mode of the moments (None: block 128).
     min_size: Moments of leaves with fewer elements stay float32 (None:
       the benchmark's 4096).
+    mu_rounding: How the first moment is rounded (the second moment:
+      stochastically).
   """
 
   name: str
@@ -77,6 +79,7 @@ class Config:
   nu: str | None = None
   scale_mode: str | None = None
   min_size: int | None = None
+  mu_rounding: str = 'stochastic'
 
 
 CONFIGS = (
@@ -97,6 +100,14 @@ CONFIGS = (
            nu='ue4m0', scale_mode='block_pow2', min_size=0),
     Config('fp8 ECO sr + m4/v4', FP8, filter='matrices', mu='nf4',
            nu='ue4m0', scale_mode='block_pow2', min_size=0),
+    # How low the first moment, which carries the residuals, may go.
+    Config('fp8 ECO sr + m4 rn/v4', FP8, filter='matrices', mu='nf4',
+           nu='ue4m0', scale_mode='block_pow2', min_size=0,
+           mu_rounding='nearest'),
+    Config('fp8 ECO sr + m3/v4', FP8, filter='matrices', mu='nf3',
+           nu='ue4m0', scale_mode='block_pow2', min_size=0),
+    Config('fp8 MW + m4/v4', FP8, master=True, rounding='nearest',
+           mu='nf4', nu='ue4m0', scale_mode='block_pow2', min_size=0),
 )
 QUICK = ('fp32', REFERENCE, 'fp8 naive rn', 'fp8 ECO sr',
          'fp8 ECO sr + m8/v4')
@@ -115,7 +126,15 @@ def make_optimizer(cfg: Config, run: _common.RunConfig, seed: int):
   common = dict(b1=run.b1, b2=run.b2, eps=run.eps,
                 weight_decay=run.weight_decay, mask=_decay_mask)
   clip = optax.clip_by_global_norm(run.clip_norm)
+  min_size = run.min_size if cfg.min_size is None else cfg.min_size
+  rounding = {'mu': cfg.mu_rounding, 'nu': 'stochastic'}
   if cfg.weight_format is None or cfg.master:
+    if cfg.mu or cfg.nu:
+      return optax.chain(clip, optax_q.adamw(
+          lr, **common, mu_format=cfg.mu or 'fp32',
+          nu_format=cfg.nu or 'fp32', rounding=rounding, seed=seed,
+          min_size=min_size, block_size=run.block_size,
+          scale_mode=cfg.scale_mode))
     return optax.chain(clip, optax.adamw(lr, **common))
   inner = optax.inject_hyperparams(optax.adamw, static_args=('mask',))(
       lr, **common)
@@ -124,8 +143,7 @@ def make_optimizer(cfg: Config, run: _common.RunConfig, seed: int):
   if cfg.mu or cfg.nu:
     tx = optax_q.quantize_state(
         tx, {'mu': cfg.mu or 'fp32', 'nu': cfg.nu or 'fp32'},
-        rounding='stochastic', seed=seed,
-        min_size=run.min_size if cfg.min_size is None else cfg.min_size,
+        rounding=rounding, seed=seed, min_size=min_size,
         block_size=run.block_size, scale_mode=cfg.scale_mode)
   return optax.chain(clip, tx)
 
@@ -280,6 +298,12 @@ def _f(x, spec='.4f'):
   return 'diverged' if x != x else format(x, spec)
 
 
+def _delta(s):
+  if s['diverged']:
+    return 'diverged'
+  return '-' if s['delta_pct'] != s['delta_pct'] else f'{s["delta_pct"]:+.2f}'
+
+
 def render_markdown(result, name='eco'):
   meta = result['meta']
   rows = [(s['config'], s['weights'], 'yes' if s['master'] else 'no',
@@ -288,7 +312,7 @@ def render_markdown(result, name='eco'):
            f'{s["bytes_per_param"]:.2f}',
            _f(s['mean_loss']) + ('' if s['diverged'] else
                                  f' ± {s["std_loss"]:.4f}'),
-           _f(s['delta_pct'], '+.2f'), f'{s["step_ms"]:.1f}')
+           _delta(s), f'{s["step_ms"]:.1f}')
           for s in result['summary']]
   table = _common.markdown_table(
       ('config', 'weights', 'master', 'rounding', 'feedback', 'moments',
@@ -400,7 +424,7 @@ def main(argv=None):
   print(_common.text_table(
       ('config', 'B/param', 'loss', 'delta %'),
       [(s['config'], f'{s["bytes_per_param"]:.2f}', _f(s['mean_loss']),
-        _f(s['delta_pct'], '+.2f')) for s in summary]))
+        _delta(s)) for s in summary]))
   print(f'wrote {out}/{args.name}.{{json,md,png}}')
   return result
 
