@@ -402,6 +402,9 @@ def main(argv=None):
                      f'{[c.name for c in CONFIGS]}')
   configs = [c for c in CONFIGS if c.name in names]
   corpus = _common.load_corpus(run, args.data)
+  # The revision the runs start from (edits made while they run are not
+  # loaded by this process).
+  revision = _common.git_revision()
   start = time.time()
   rows = []
   for cfg in configs:
@@ -413,7 +416,7 @@ def main(argv=None):
             f'{row["step_ms_median"]:.1f} ms/step', flush=True)
     jax.clear_caches()
   meta = dict(command=_common.command_line(__file__, argv),
-              git_revision=_common.git_revision(), date=_common.now_utc(),
+              git_revision=revision, date=_common.now_utc(),
               machine=_common.machine(), seeds=seeds, steps=run.steps,
               run_config=dataclasses.asdict(run),
               seconds=time.time() - start)

@@ -444,11 +444,13 @@ class StudyEcoTest(_DocsUnchanged):
     md, _ = _quiet(study_eco.main, ['--render', '--out', str(self.out)])
     self.assertEqual(md, (self.out / 'eco.md').read_text())
 
-  def test_published_page_is_its_json_rendered(self):
+  def test_published_pages_are_their_json_rendered(self):
     results = _ROOT / 'docs' / 'results'
-    shutil.copy(results / 'eco.json', self.out / 'eco.json')
-    md, _ = _quiet(study_eco.main, ['--render', '--out', str(self.out)])
-    self.assertEqual(md, (results / 'eco.md').read_text())
+    for name in ('eco', 'eco_first_moment', 'eco_long'):
+      shutil.copy(results / f'{name}.json', self.out / f'{name}.json')
+      md, _ = _quiet(study_eco.main, ['--render', '--name', name,
+                                      '--out', str(self.out)])
+      self.assertEqual(md, (results / f'{name}.md').read_text(), name)
 
 
 class ProfileStepTest(_DocsUnchanged):

@@ -166,7 +166,7 @@ def _adam(fmt, rounding, **kwargs):
 
 class StepPropertyTest(absltest.TestCase):
 
-  @hypothesis.settings(max_examples=10 * SCALE, **SETTINGS)
+  @hypothesis.settings(max_examples=6 * SCALE, **SETTINGS)
   @hypothesis.given(problem=problems(rows_multiple=4),
                     fmt=st.sampled_from(SCALED + ('bf16',)),
                     rounding=st.sampled_from(('nearest', 'stochastic')),
@@ -198,7 +198,7 @@ _skip_unless_8_devices = multidevice.skip_unless_8_devices
 class MeshPropertyTest(absltest.TestCase):
   """Sharded on Auto and Explicit meshes: the unsharded run's bits."""
 
-  @hypothesis.settings(max_examples=8 * SCALE, phases=(hypothesis.Phase.explicit,
+  @hypothesis.settings(max_examples=5 * SCALE, phases=(hypothesis.Phase.explicit,
                        hypothesis.Phase.generate), **SETTINGS)
   @hypothesis.given(problem=problems(rows_multiple=4),
                     fmt=st.sampled_from(SCALED + ('bf16',)),
