@@ -266,6 +266,17 @@ class EcoArgumentsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, pattern):
       optax_q.eco(make())
 
+  def test_supported_inner_optimizers(self):
+    no_decay = lambda p: jax.tree.map(lambda x: False, p)
+    for inner in (
+        _inject(optax.adamw, optax.linear_schedule(0.0, 1e-2, 2)),
+        optax.inject_hyperparams(optax.adamw, static_args=('mask',))(
+            1e-3, weight_decay=0.1, mask=no_decay),
+        _inject(optax.adam, 1e-3, eps_root=1e-8),
+        _sgd(),
+    ):
+      optax_q.eco(inner)
+
   def test_format_checked_at_init_and_params_required(self):
     q = optax_q.quantize_params({'kernel': jnp.ones((4, 8))}, 'int4')
     with self.assertRaisesRegex(ValueError, 'weight_format'):
