@@ -426,6 +426,7 @@ class StudyBitsTest(_DocsUnchanged):
 
 class StudyEcoTest(_DocsUnchanged):
 
+  @pytest.mark.slow  # A minute: three configurations compiled.
   def test_writes_its_files_and_measures_real_bytes(self):
     names = ['fp32', 'fp8 naive rn', 'fp8 ECO sr + m8/v4']
     result, text = _quiet(study_eco.main, [

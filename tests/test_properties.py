@@ -188,7 +188,12 @@ class StepPropertyTest(absltest.TestCase):
     _assert_same_bits(runs['untiled'], runs['tiled'], (fmt, rounding))
     p, state, _ = runs['tiled']
     self.assertTrue(bool(jnp.all(jnp.isfinite(p['w']))))
+    overflow = max(float(jnp.abs(g['w']).max()) for g in grads) > 1.8e19
     for q in optax_q.quantized_leaves(state).values():
+      if fmt == 'bf16' and overflow:
+        # g * g overflowed float32: bf16, which has infinities, stores the
+        # second moment's inf as float32 Adam holds it (see qarray.py).
+        continue
       self.assertTrue(_stored_finite(q), fmt)
 
 

@@ -248,6 +248,67 @@ def _requantize(config, p, w, w_new: jax.Array, key):
   return (w_hat - w).astype(p.dtype), w_new - w_hat
 
 
+class _Feedback(NamedTuple):
+  """This step's feedback: the coefficient and what the gain needs."""
+
+  active: jax.Array  # Whether this step feeds back (learning rate > 0).
+  coeff: jax.Array  # (1 - lr wd) / lr, 0 when inactive.
+  beta: jax.Array
+  hyper: _Hyper
+  bias1: jax.Array | None  # Adam's bias corrections, at this step's t.
+  bias2: jax.Array | None
+
+  def gain(self, nu: jax.Array | None) -> jax.Array:
+    """Per element, the step the momentum is taken with (1 for SGD)."""
+    if nu is None:
+      return jnp.float32(1)
+    nu_hat = nu.astype(jnp.float32) / self.bias2
+    return self.bias1 * (jnp.sqrt(nu_hat + self.hyper.eps_root)
+                         + self.hyper.eps)
+
+
+def _feedback(config, inner_state) -> tuple[Any, _Feedback]:
+  moment = _find_all(inner_state, _is_moment)[0]
+  adam = isinstance(moment, optax.ScaleByAdamState)
+  h = _hyper(inner_state, adam)
+  lr = h.learning_rate
+  active = jnp.isfinite(lr) & (lr > 0)
+  decay = (1 - lr * h.weight_decay if config['decay_factor']
+           else jnp.float32(1))
+  coeff = jnp.where(active, decay / jnp.where(active, lr, jnp.float32(1)),
+                    jnp.float32(0))
+  bias1 = bias2 = None
+  if adam:
+    t = moment.count.astype(jnp.float32)
+    bias1, bias2 = 1 - h.beta ** t, 1 - h.b2 ** t
+  return moment, _Feedback(active, coeff, h.beta, h, bias1, bias2)
+
+
+def _leaf(config, fb: _Feedback, key, p, w, du, m, nu, err):
+  """One quantized parameter: ``(update, new first moment, residual)``."""
+  w = w.astype(jnp.float32)
+  q, e = _requantize(config, p, w, w + du.astype(jnp.float32), key)
+  update = weights.NewWeights.of(q) if qarray_lib.is_qarray(p) else q
+  m32 = m.astype(jnp.float32)
+  if config['variant'] == 'exact':
+    if err is None:
+      raise ValueError(
+          'eco: the state holds no residual for a quantized parameter; '
+          'initialise it with the quantized params (tx.init(qparams)).')
+    inject = fb.coeff * fb.gain(nu) * (err - e / fb.beta)
+    # A step without feedback (learning rate 0) keeps the residual due.
+    err = jnp.where(fb.active, e, err + e)
+  elif config['variant'] == 'eco':
+    inject = fb.coeff * fb.gain(nu) * (1 - 1 / fb.beta) * e
+  else:
+    return update, m, None
+  # A learning rate so small that the injection overflows float32 (or a
+  # non-finite residual) skips the feedback of that element.
+  fed = m32 + inject
+  m32 = jnp.where(jnp.isfinite(fed) | ~jnp.isfinite(m32), fed, m32)
+  return update, m32.astype(m.dtype), err
+
+
 def _update(inner, config, updates, state, params=None, **extra_args):
   if params is None:
     raise ValueError('eco needs params in update(updates, state, params).')
@@ -266,79 +327,38 @@ def _update(inner, config, updates, state, params=None, **extra_args):
   u, inner_state = optax.with_extra_args_support(inner).update(
       treedef.unflatten(grads32), state.inner_state,
       _as_float32(treedef.unflatten(theta)), **extra_args)
-  flat_u = treedef.flatten_up_to(u)
-  moment = _find_all(inner_state, _is_moment)[0]
-  adam = isinstance(moment, optax.ScaleByAdamState)
-  h = _hyper(inner_state, adam)
-  lr = h.learning_rate
-  active = jnp.isfinite(lr) & (lr > 0)
-  safe_lr = jnp.where(active, lr, jnp.float32(1))
-  decay = jnp.float32(1)
-  if config['decay_factor']:
-    decay = 1 - lr * h.weight_decay
-  coeff = jnp.where(active, decay / safe_lr, jnp.float32(0))
-  if adam:
-    t = moment.count.astype(jnp.float32)
-    bias1 = 1 - h.beta ** t
-    bias2 = 1 - h.b2 ** t
-    flat_nu = treedef.flatten_up_to(moment.nu)
+  moment, fb = _feedback(config, inner_state)
+  adam = fb.bias1 is not None
   flat_m = treedef.flatten_up_to(moment.mu if adam else moment.trace)
+  flat_nu = (treedef.flatten_up_to(moment.nu) if adam
+             else [None] * len(flat_p))
   flat_err = [None] * len(flat_p)
   if state.error is not None:
-    flat_err = jax.tree.leaves(
-        state.error, is_leaf=lambda x: x is None)
+    flat_err = jax.tree.leaves(state.error, is_leaf=lambda x: x is None)
     if len(flat_err) != len(flat_p):
       raise ValueError('eco: the state was initialised with other params.')
-  new_u, new_m, new_err = [], [], []
-  for i, (p, w, du, m, err) in enumerate(
-      zip(flat_p, theta, flat_u, flat_m, flat_err)):
+  out = []
+  for i, (p, w, du, m, nu, err) in enumerate(zip(
+      flat_p, theta, treedef.flatten_up_to(u), flat_m, flat_nu, flat_err)):
     if not _is_quantized(config, p):
-      new_u.append(du if du is None else jnp.asarray(du).astype(
-          jnp.asarray(p).dtype))
-      new_m.append(m)
-      new_err.append(None)
+      out.append((du if du is None else jnp.asarray(du).astype(
+          jnp.asarray(p).dtype), m, None))
       continue
     key = None
     if config['rounding'] == 'stochastic' or not qarray_lib.is_qarray(p):
       key = rounding_lib.stream_key(config['seed'], state.count,
                                     weights.PARAM_STREAM + i)
-    w = w.astype(jnp.float32)
-    q, e = _requantize(config, p, w, w + du.astype(jnp.float32), key)
-    new_u.append(weights.NewWeights.of(q) if qarray_lib.is_qarray(p) else q)
-    m32 = m.astype(jnp.float32)
-    if config['variant'] != 'naive':
-      # Per element, the step the momentum is taken with (1 for SGD).
-      gain = jnp.float32(1)
-      if adam:
-        nu_hat = flat_nu[i].astype(jnp.float32) / bias2
-        gain = bias1 * (jnp.sqrt(nu_hat + h.eps_root) + h.eps)
-      if config['variant'] == 'exact':
-        inject = coeff * gain * (err - e / h.beta)
-      else:
-        inject = coeff * gain * (1 - 1 / h.beta) * e
-      # A learning rate so small that the injection overflows float32
-      # (or a non-finite residual) skips the feedback of that element.
-      fed = m32 + inject
-      m32 = jnp.where(jnp.isfinite(fed) | ~jnp.isfinite(m32), fed, m32)
-    new_m.append(m32.astype(m.dtype))
-    if config['variant'] == 'exact':
-      if err is None:
-        raise ValueError(
-            'eco: the state holds no residual for a quantized parameter; '
-            'initialise it with the quantized params (tx.init(qparams)).')
-      # A step without feedback (learning rate 0) keeps the residual due.
-      new_err.append(jnp.where(active, e, err + e))
-    else:
-      new_err.append(None)
-  new_m_tree = treedef.unflatten(new_m)
+    out.append(_leaf(config, fb, key, p, w, du, m, nu, err))
+  new_u, new_m, new_err = zip(*out) if out else ((), (), ())
+  new_m_tree = treedef.unflatten(list(new_m))
   moment = (moment._replace(mu=new_m_tree) if adam
             else moment._replace(trace=new_m_tree))
   inner_state = jax.tree.map(
       lambda x: moment if _is_moment(x) else x, inner_state,
       is_leaf=_is_moment)
-  error = (treedef.unflatten(new_err) if config['variant'] == 'exact'
+  error = (treedef.unflatten(list(new_err)) if config['variant'] == 'exact'
            else None)
-  return treedef.unflatten(new_u), EcoState(
+  return treedef.unflatten(list(new_u)), EcoState(
       count=optax.safe_increment(state.count), inner_state=inner_state,
       error=error)
 

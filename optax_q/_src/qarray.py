@@ -798,6 +798,18 @@ def scale_by_exponent(yb: jax.Array, code: jax.Array, *,
   return jnp.where((code == _E8M0_NAN)[..., None], jnp.float32(jnp.nan), out)
 
 
+@functools.partial(jax.jit, static_argnames=('fmt', 'scale_mode',
+                                             'block_size', 'dtype'))
+def encode_compiled(x: jax.Array, fmt: Format, *, scale_mode: str,
+                    block_size: int, key: jax.Array | None,
+                    dtype: Any = None) -> QArray:
+  """:func:`encode`, compiled once per layout: outside ``jit`` (a
+  parameter tree quantized at the start, a state's first encoding) one call
+  instead of hundreds of small dispatched operations. The same bits."""
+  return encode(x, fmt, scale_mode=scale_mode, block_size=block_size,
+                key=key, dtype=dtype)
+
+
 def encode_like(
     q: QArray,
     x: Any,

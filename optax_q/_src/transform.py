@@ -312,8 +312,8 @@ def plan_leaf(config: StorageConfig, path, leaf, root) -> Any:
   if fmt is None or fmt.is_identity:
     return leaf if box is None else box
   scale_mode = config.scale_mode_for(path, leaf, fmt, root)
-  q = qarray_lib.encode(leaf, fmt, scale_mode=scale_mode,
-                        block_size=config.block_size, key=None)
+  q = qarray_lib.encode_compiled(leaf, fmt, scale_mode=scale_mode,
+                                 block_size=config.block_size, key=None)
   if q.nbytes >= qarray_lib.nbytes_of(leaf):
     # Blocks along a very short last axis (a (n, 1) kernel has one scale
     # per element): the "quantized" leaf would be bigger. Keep it.

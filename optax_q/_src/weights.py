@@ -134,6 +134,14 @@ def is_linear_kernel(path: Any, leaf: Any) -> bool:
 
   Returns:
     Whether the leaf is quantized by default.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, optax_q
+    >>> params = {'block': {'fc': {'kernel': jnp.ones((4, 8))}},
+    ...           'embed': {'embedding': jnp.ones((16, 4))},
+    ...           'head': {'kernel': jnp.ones((4, 16))}}
+    >>> jax.tree_util.tree_map_with_path(optax_q.is_linear_kernel, params)
+    {'block': {'fc': {'kernel': True}}, 'embed': {'embedding': False}, 'head': {'kernel': False}}
   """
   names = [key_name(k).lower() for k in path]
   if names and names[-1] == 'value':  # A Flax NNX Variable's value.
@@ -285,7 +293,7 @@ def quantize_params(
     if rounding == 'stochastic':
       key = rounding_lib.stream_key(seed, _INITIAL_STEP,
                                     PARAM_STREAM + index)
-    out.append(qarray_lib.encode(
+    out.append(qarray_lib.encode_compiled(
         leaf, fmt, scale_mode=scale_mode, block_size=block_size, key=key))
     chose = True
   if not chose and flat:
