@@ -570,7 +570,7 @@ class EcoIntegrationTest(parameterized.TestCase):
                 optax.adamw, static_args=('mask',))(
                     1e-3, mask=lambda p: jax.tree.map(
                         lambda x: x.ndim >= 2, p))),
-            {'mu': 'int8_dynamic', 'nu': 'ue4m0'}, min_size=0))
+            {'mu': 'int8', 'nu': 'ue4m0'}, min_size=0))
     state = tx.init(qparams)
     self.assertTrue(all(x.fmt.bits <= 8 for x in
                         optax_q.quantized_leaves(state).values()))

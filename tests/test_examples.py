@@ -365,6 +365,7 @@ class StalenessRenderTest(_DocsUnchanged):
 
 class StudyLowbitTest(_DocsUnchanged):
 
+  @pytest.mark.slow  # 45 s: the teacher-student runs and the merge.
   def test_writes_its_files_recommends_and_merges(self):
     common = ['--seeds', '0', '--steps', '3', '--codec-shape', '4', '256',
               '--no-peers', '--out', str(self.out)]

@@ -133,6 +133,7 @@ class TilingTest(parameterized.TestCase):
                     jax.tree.leaves(optax_q.stall_fraction(st))):
       self.assertEqual(float(a), float(b))
 
+  @pytest.mark.slow  # 40 s; lion's trace is also in test_optimizer_matrix.
   def test_lion_trace_and_mixed_fields(self):
     params = _params()
     for inner_fn, formats in (
