@@ -182,7 +182,7 @@ class CodecPropertyTest(parameterized.TestCase):
 
   @parameterized.product(name=ALL_FORMATS,
                          rounding=('nearest', 'stochastic'))
-  @hypothesis.settings(max_examples=6, deadline=None, derandomize=True,
+  @hypothesis.settings(max_examples=12, deadline=None, derandomize=True,
                        suppress_health_check=list(hypothesis.HealthCheck))
   @hypothesis.given(case=_cases())
   def test_error_within_grid_spacing(self, name, rounding, case):

@@ -165,7 +165,8 @@ class PeriodicResetTest(parameterized.TestCase):
     step = _stepper(tx)
     _, state = _run(tx, _params(), 7, step=step)
     self.assertEqual(int(state[0].resets['nu']), 3)
-    self.assertEqual(step._cache_size(), 1)  # pylint: disable=protected-access
+    # At most one compiled step (a global LRU may have evicted it since).
+    self.assertLessEqual(step._cache_size(), 1)  # pylint: disable=protected-access
 
   def test_checkpoint_resume_is_exact(self):
     tx = _adamw(mu_format='fp8_e4m3', nu_format='fp4_e2m2u',
@@ -312,7 +313,8 @@ class ArgumentTest(parameterized.TestCase):
     step = _stepper(tx)
     _, state = _run(tx, _params(), 3, step=step)
     self.assertEqual(int(state.inner_state[0].resets['nu']), 1)
-    self.assertEqual(step._cache_size(), 1)  # pylint: disable=protected-access
+    # At most one compiled step (a global LRU may have evicted it since).
+    self.assertLessEqual(step._cache_size(), 1)  # pylint: disable=protected-access
     with self.assertRaisesRegex(ValueError, 'static_args'):
       make(reset_every='auto').init(_params())
 
