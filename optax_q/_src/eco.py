@@ -43,7 +43,6 @@ import optax
 
 from optax_q._src import formats as formats_lib
 from optax_q._src import qarray as qarray_lib
-from optax_q._src import rounding as rounding_lib
 from optax_q._src import state_tree
 from optax_q._src import validation
 from optax_q._src import weights
@@ -346,8 +345,7 @@ def _update(inner, config, updates, state, params=None, **extra_args):
       continue
     key = None
     if config['rounding'] == 'stochastic' or not qarray_lib.is_qarray(p):
-      key = rounding_lib.stream_key(config['seed'], state.count,
-                                    weights.PARAM_STREAM + i)
+      key = weights.param_key(config['seed'], state.count, i)
     out.append(_leaf(config, fb, key, p, w, du, m, nu, err))
   new_u, new_m, new_err = zip(*out) if out else ((), (), ())
   new_m_tree = treedef.unflatten(list(new_m))

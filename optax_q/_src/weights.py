@@ -196,6 +196,50 @@ def default_weight_scale_mode(fmt: formats_lib.Format) -> str:
   return 'row' if fmt.scaled else 'none'
 
 
+def param_key(seed, step, index: int) -> jax.Array:
+  """The stochastic-rounding key of parameter leaf ``index`` at ``step``
+  (streams apart from the optimizer state's)."""
+  return rounding_lib.stream_key(seed, step, PARAM_STREAM + index)
+
+
+def _weight_layout(fmt, scale_mode, block_size, rounding,
+                   name: str = 'scale_mode'):
+  """Checked ``(fmt, scale_mode, block_size)`` of a weight codec."""
+  fmt = check_weight_format(fmt)
+  scale_mode = validation.check_scale(
+      default_weight_scale_mode(fmt) if scale_mode is None else scale_mode,
+      name)
+  qarray_lib.check_layout(fmt, scale_mode, name)
+  validation.check_rounding(rounding)
+  return fmt, scale_mode, validation.check_block_size(block_size)
+
+
+def _map_chosen(params: Any, filter: Filter, fn, *,  # pylint: disable=redefined-builtin
+                require: bool = False) -> Any:
+  """``fn(index, path, leaf)`` on the float leaves ``filter`` chooses."""
+  chosen = check_filter(filter)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=qarray_lib.is_qarray)
+  out = []
+  for index, (path, leaf) in enumerate(flat):
+    if qarray_lib.is_qarray(leaf):
+      raise ValueError(
+          f'parameter {state_tree.path_str(path)!r} is already quantized '
+          f'({qarray_lib.layout_tag(leaf)}); pass the float parameters.')
+    if not chosen(path, leaf):
+      out.append(leaf)
+      continue
+    _check_float(path, leaf)
+    out.append(fn(index, path, leaf))
+  if require and flat and all(a is b for a, b in zip(
+      out, (leaf for _, leaf in flat))):
+    raise ValueError(
+        'filter chose no parameter to quantize (the default takes leaves '
+        "named 'kernel' of rank >= 2 outside embeddings and output layers); "
+        "pass filter='matrices', 'all' or a callable (path, leaf) -> bool.")
+  return treedef.unflatten(out)
+
+
 def _check_float(path: Any, leaf: Any) -> None:
   if not state_tree.is_float_array(leaf):
     raise ValueError(
@@ -266,42 +310,19 @@ def quantize_params(
   """
   name, scale_mode = validation.renamed('scale', scale, 'scale_mode',
                                         scale_mode)
-  fmt = check_weight_format(fmt)
-  scale_mode = validation.check_scale(
-      default_weight_scale_mode(fmt) if scale_mode is None else scale_mode,
-      name)
-  qarray_lib.check_layout(fmt, scale_mode, name)
-  block_size = validation.check_block_size(block_size)
-  validation.check_rounding(rounding)
+  fmt, scale_mode, block_size = _weight_layout(
+      fmt, scale_mode, block_size, rounding, name)
   seed = validation.check_seed(seed)
-  chosen = check_filter(filter)
-  flat, treedef = jax.tree_util.tree_flatten_with_path(
-      params, is_leaf=qarray_lib.is_qarray)
-  out = []
-  chose = False
-  for index, (path, leaf) in enumerate(flat):
-    if qarray_lib.is_qarray(leaf):
-      raise ValueError(
-          f'parameter {state_tree.path_str(path)!r} is already quantized '
-          f'({qarray_lib.layout_tag(leaf)}); pass the float parameters.')
-    if not chosen(path, leaf):
-      out.append(leaf)
-      continue
-    _check_float(path, leaf)
+
+  def encode(index, path, leaf):
+    del path
     qarray_lib.check_layout(fmt, scale_mode, name, leaf.shape)
-    key = None
-    if rounding == 'stochastic':
-      key = rounding_lib.stream_key(seed, _INITIAL_STEP,
-                                    PARAM_STREAM + index)
-    out.append(qarray_lib.encode_compiled(
-        leaf, fmt, scale_mode=scale_mode, block_size=block_size, key=key))
-    chose = True
-  if not chose and flat:
-    raise ValueError(
-        'filter chose no parameter to quantize (the default takes leaves '
-        "named 'kernel' of rank >= 2 outside embeddings and output layers); "
-        "pass filter='matrices', 'all' or a callable (path, leaf) -> bool.")
-  return treedef.unflatten(out)
+    key = (param_key(seed, _INITIAL_STEP, index)
+           if rounding == 'stochastic' else None)
+    return qarray_lib.encode_compiled(
+        leaf, fmt, scale_mode=scale_mode, block_size=block_size, key=key)
+
+  return _map_chosen(params, filter, encode, require=True)
 
 
 def dequantize_params(params: Any, dtype: Any = None) -> Any:
@@ -477,28 +498,19 @@ def fake_quantize_params(
     Nikdan et al, `ECO: Quantized Training without Full-Precision Master
     Weights <https://arxiv.org/abs/2601.22101>`_, 2026
   """
-  fmt = check_weight_format(fmt)
-  scale_mode = validation.check_scale(
-      default_weight_scale_mode(fmt) if scale_mode is None else scale_mode)
-  qarray_lib.check_layout(fmt, scale_mode)
-  block_size = validation.check_block_size(block_size)
-  validation.check_rounding(rounding)
+  fmt, scale_mode, block_size = _weight_layout(
+      fmt, scale_mode, block_size, rounding)
   seed = validation.check_seed(seed, traced=True)
   step = validation.check_int(step, 'step', high=formats_lib.UINT32_MAX,
                                traced=True)
-  chosen = check_filter(filter)
-  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-  out = []
-  for index, (path, leaf) in enumerate(flat):
-    if not chosen(path, leaf):
-      out.append(leaf)
-      continue
-    _check_float(path, leaf)
-    key = None
-    if rounding == 'stochastic':
-      key = rounding_lib.stream_key(seed, step, PARAM_STREAM + index)
-    x = jax.lax.stop_gradient(leaf)
-    q = qarray_lib.encode(x, fmt, scale_mode=scale_mode,
-                          block_size=block_size, key=key)
-    out.append(_straight_through(leaf, qarray_lib.decode(q, leaf.dtype)))
-  return treedef.unflatten(out)
+
+  def fake(index, path, leaf):
+    del path
+    key = (param_key(seed, step, index) if rounding == 'stochastic'
+           else None)
+    q = qarray_lib.encode(jax.lax.stop_gradient(leaf), fmt,
+                          scale_mode=scale_mode, block_size=block_size,
+                          key=key)
+    return _straight_through(leaf, qarray_lib.decode(q, leaf.dtype))
+
+  return _map_chosen(params, filter, fake)
