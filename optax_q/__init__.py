@@ -25,6 +25,8 @@ from optax_q._src.alias import adam
 from optax_q._src.alias import adamw
 from optax_q._src.alias import lion
 from optax_q._src.alias import sgd
+from optax_q._src.components import quantized_training
+from optax_q._src.components import QuantizedTraining
 from optax_q._src.eco import eco
 from optax_q._src.eco import EcoState
 from optax_q._src.formats import Format
@@ -32,6 +34,9 @@ from optax_q._src.formats import FORMAT_ALIASES
 from optax_q._src.formats import FORMAT_NAMES
 from optax_q._src.formats import get_format
 from optax_q._src.formats import unsigned_variant
+from optax_q._src.gradients import quantize_gradients
+from optax_q._src.gradients import QuantizeGradientsState
+from optax_q._src.muon import muon
 from optax_q._src.qarray import dequantize
 from optax_q._src.qarray import is_qarray
 from optax_q._src.qarray import QArray
@@ -79,7 +84,9 @@ __all__ = (
     'Format',
     'NONNEGATIVE_FIELDS',
     'QArray',
+    'QuantizeGradientsState',
     'QuantizedState',
+    'QuantizedTraining',
     'ResetState',
     'ScaleByAdamLocalAgeState',
     'StorageConfig',
@@ -104,10 +111,13 @@ __all__ = (
     'is_linear_kernel',
     'is_qarray',
     'lion',
+    'muon',
     'quantize',
+    'quantize_gradients',
     'quantize_params',
     'quantize_state',
     'quantized_leaves',
+    'quantized_training',
     'relayout',
     'reset_period',
     'reset_state',

@@ -21,6 +21,11 @@ A :class:`Format` says how one value is stored:
   to the grid in fp32 and kept in the smallest native container that holds
   the grid exactly (``bfloat16`` when ``E <= 8`` and ``M <= 7``, else
   ``float32``). Simulated formats are reported as the container's bytes.
+  Three variants per ``(E, M)``: finite-only (``e{E}m{M}``, every code a
+  number, as OCP MX's e2m3 and e3m2), ``e{E}m{M}fn`` (one NaN code, as
+  ``float8_e4m3fn``) and ``e{E}m{M}_ieee`` (the top exponent reserved for
+  infinities and NaN, as IEEE 754). ``e4m3`` and ``e5m2`` name the native
+  fp8 formats (``e4m3fn`` and ``e5m2_ieee`` grids, one byte per value).
 * ``kind='int'``: a signed linear integer grid ``{-q, ..., q}`` with
   ``q = 2**(bits-1) - 1`` (``int8``: 127, ``int4``: 7).
 * ``kind='codebook'``: a sorted table of values (``fp4_e2m1``,
@@ -139,8 +144,19 @@ class Format:
 
   @property
   def is_identity(self) -> bool:
-    """``fp32``: the leaf is kept as a plain float32 array."""
-    return self.name == 'fp32'
+    """``fp32``, and the float grids with float32's exponent and mantissa
+    (``e8m23``, ``e8m23_ieee``), whose rounding changes no finite float32:
+    the leaf is kept as a plain float32 array."""
+    return self.name == 'fp32' or (
+        self.kind == 'float' and self.exponent_bits == 8
+        and self.mantissa_bits == 23)
+
+  @property
+  def simulated(self) -> bool:
+    """A float grid narrower than its container (``e{E}m{M}`` other than
+    the native bf16/fp8 layouts): values are rounded to the grid, memory
+    is the container's."""
+    return self.kind == 'float' and self.bits < 8 * self.dtype.itemsize
 
   @property
   def container_bits(self) -> int:
@@ -330,17 +346,45 @@ def _int8_dynamic(signed: bool) -> Format:
   return _codebook(name, dynamic_map(signed=signed), bits=8, signed=signed)
 
 
+# Suffixes of the simulated float grids: how the top of the exponent range
+# is used. '' (finite-only, every code a number, as OCP MX's e2m1, e2m3,
+# e3m2), 'fn' (finite with one NaN code per sign: the all-ones pattern, as
+# e4m3fn), '_ieee' (the all-ones exponent reserved for infinities and NaNs,
+# as IEEE 754: e5m2, fp16, bf16).
+FLOAT_VARIANTS = ('', 'fn', '_ieee')
+
+
 @functools.cache
-def _simulated(ebits: int, mbits: int) -> Format:
-  """``e{E}m{M}``: finite, saturating, with subnormals (OCP MX convention)."""
+def _simulated(ebits: int, mbits: int, variant: str = '') -> Format:
+  """``e{E}m{M}[fn|_ieee]``: a float grid with subnormals, saturating."""
   bias = 2 ** (ebits - 1) - 1
-  # Every exponent field is finite, except with 8 exponent bits, where the
-  # top one stays reserved so that the grid fits its float32/bf16 container.
-  top = 2**ebits - 1 - (1 if ebits == 8 else 0)
-  max_value = (2 - 2.0**-mbits) * 2.0 ** (top - bias)
+  # The top exponent field: every field is finite, except with 8 exponent
+  # bits, where the top one stays reserved so that the grid fits its
+  # float32/bf16 container, and for IEEE-style grids.
+  top = 2**ebits - 1 - (1 if ebits == 8 or variant == '_ieee' else 0)
+  if variant == 'fn':
+    # The all-ones pattern is NaN: the top field loses its last mantissa
+    # step (and with no mantissa bits, the whole field).
+    if mbits == 0:
+      max_value = 2.0 ** (top - 1 - bias)
+    else:
+      max_value = (2 - 2.0 ** (1 - mbits)) * 2.0 ** (top - bias)
+  else:
+    max_value = (2 - 2.0**-mbits) * 2.0 ** (top - bias)
   container = 'bfloat16' if ebits <= 8 and mbits <= 7 else 'float32'
-  return _ieee_float(f'e{ebits}m{mbits}', ebits, mbits, container, max_value,
-                     scaled=ebits < 8)
+  return _ieee_float(f'e{ebits}m{mbits}{variant}', ebits, mbits, container,
+                     max_value, scaled=ebits < 8)
+
+
+def _simulated_named(ebits: int, mbits: int, variant: str) -> Format | None:
+  """The simulated grid of a parsed name, or None when out of range."""
+  if not (1 <= ebits <= 8 and 0 <= mbits <= 23):
+    return None
+  if variant == '_ieee' and ebits < 2:
+    return None  # No normal exponent would be left.
+  if variant == 'fn' and not 2 <= ebits <= 7:
+    return None  # e1: no normal values; e8: past float32's range.
+  return _simulated(ebits, mbits, variant)
 
 
 @functools.cache
@@ -416,13 +460,16 @@ VARIANT_NAMES = ('int8_dynamic_unsigned', 'int4_unsigned',
 def _allowed() -> str:
   aliases = ', '.join(f'{a!r} = {n!r}' for a, n in FORMAT_ALIASES.items())
   return (f'{", ".join(FORMAT_NAMES)} (simulated e{{E}}m{{M}} with '
-          f'1 <= E <= 8, 0 <= M <= 23; unsigned power-of-two grids '
+          f'1 <= E <= 8, 0 <= M <= 23: finite-only, or with the suffix '
+          f"'fn' (2 <= E <= 7: the all-ones code is NaN, as e4m3fn) or "
+          f"'_ieee' (E >= 2: the top exponent holds inf/NaN, as e5m2); "
+          f'unsigned power-of-two grids '
           f'ue{{E}}m{{M}} with E >= 1, 3 <= E + M <= 8; fp8_e4m3_dre and '
           f'fp8_e5m2_dre for dynamic range expansion); second-moment '
           f'variants {", ".join(VARIANT_NAMES)}; a codebook followed by '
           f'@<space> rounds in that space, one of {ROUNDING_SPACES}; '
           f'aliases {aliases}')
-_SIMULATED = re.compile(r'^e(\d+)m(\d+)$')
+_SIMULATED = re.compile(r'^e(\d+)m(\d+)(fn|_ieee)?$')
 _UNSIGNED_FLOAT = re.compile(r'^ue(\d+)m(\d+)$')
 _COMPANDED = re.compile(r'^int([34])_(sqrt|mulaw|softsign)(_unsigned)?$')
 
@@ -444,8 +491,9 @@ def _named(key: str) -> Format | None:
   if key in _NAMED:
     return _NAMED[key]()
   m = _SIMULATED.match(key)
-  if m and 1 <= int(m.group(1)) <= 8 and 0 <= int(m.group(2)) <= 23:
-    return _simulated(int(m.group(1)), int(m.group(2)))
+  if m:
+    return _simulated_named(int(m.group(1)), int(m.group(2)),
+                            m.group(3) or '')
   m = _UNSIGNED_FLOAT.match(key)
   if m and int(m.group(1)) >= 1 and 3 <= int(m.group(1)) + int(
       m.group(2)) <= 8:
@@ -463,7 +511,12 @@ def get_format(fmt: str | Format) -> Format:
     fmt: A format name (``'fp32'``, ``'bf16'``, ``'fp16'``, ``'fp8_e4m3'``,
       ``'fp8_e5m2'``, ``'fp4_e2m1'``, ``'fp4_e2m2u'``, ``'int8'``,
       ``'int8_dynamic'``, ``'int4'``, or a simulated ``'e{E}m{M}'`` with
-      ``1 <= E <= 8`` and ``0 <= M <= 23``; the second-moment variants
+      ``1 <= E <= 8`` and ``0 <= M <= 23``: finite-only (every code a
+      number), or ``'e{E}m{M}fn'`` (the all-ones code is NaN, as
+      ``float8_e4m3fn``; ``2 <= E <= 7``) or ``'e{E}m{M}_ieee'`` (the top
+      exponent holds infinities and NaN, as IEEE 754; ``E >= 2``), all
+      with subnormals and saturating at their largest finite value; the
+      second-moment variants
       ``'int8_dynamic_unsigned'`` and ``'int4_unsigned'``; the low-bit
       codecs ``'nf4'``, ``'nf3'``, ``'ue{E}m{M}'``,
       ``'int{3,4}_{sqrt,mulaw,softsign}'``, a codebook followed by
@@ -525,6 +578,13 @@ def check_format(fmt: Any, name: str) -> Format:
         return _expanded(found)
       except ValueError as e:
         raise ValueError(f'{name}={fmt!r}: {e}') from None
+  m = _SIMULATED.match(key)
+  if m:
+    raise ValueError(
+        f'{name}={fmt!r}: a float grid e{{E}}m{{M}} needs 1 <= E <= 8 '
+        'exponent bits and 0 <= M <= 23 mantissa bits; the suffix fn needs '
+        '2 <= E <= 7 and _ieee needs E >= 2 (got E='
+        f'{m.group(1)}, M={m.group(2)}).')
   raise ValueError(f'Unknown format {name}={fmt!r}. Allowed: {_allowed()}.')
 
 

@@ -389,25 +389,23 @@ def _encode_values(
     positive = y > 0 if positive is None else positive
     y = jnp.where(positive, jnp.maximum(y, jnp.float32(fmt.min_positive)), y)
   if fmt.kind == 'float':
-    if fmt.name == 'fp32':
+    if fmt.is_identity:
       return y
     native = fmt.bits == 8 * fmt.dtype.itemsize
     if native and u is None and fmt.bits == 8:
       # Saturate; the fp8 encoder then rounds half to even with correct
       # subnormals. e4m3fn has no infinity: an unclipped overflow would
       # become NaN.
-      y = jnp.where(jnp.isfinite(y),
-                    jnp.clip(y, -fmt.max_value, fmt.max_value), y)
+      y = rounding_lib.saturate(y, fmt.max_value)
     elif native and u is None and fmt.exponent_bits == 8:
       # bf16: round explicitly before the cast. Under jit, XLA may drop a
       # float32 -> bf16 -> float32 round trip (excess precision), which
       # would leave the value unrounded wherever the codes are decoded in
       # the same computation (the residual of a quantized weight, say);
       # ``reduce_precision`` is never elided, and gives the cast's bits.
-      y = lax.reduce_precision(
-          jnp.where(jnp.isfinite(y),
-                    jnp.clip(y, -fmt.max_value, fmt.max_value), y),
-          exponent_bits=8, mantissa_bits=fmt.mantissa_bits)
+      y = lax.reduce_precision(rounding_lib.saturate(y, fmt.max_value),
+                               exponent_bits=8,
+                               mantissa_bits=fmt.mantissa_bits)
     else:
       # Explicit bit arithmetic (also fp16 to nearest, for the reason
       # above: ``reduce_precision`` would flush its subnormals).
@@ -808,6 +806,18 @@ def encode_compiled(x: jax.Array, fmt: Format, *, scale_mode: str,
   instead of hundreds of small dispatched operations. The same bits."""
   return encode(x, fmt, scale_mode=scale_mode, block_size=block_size,
                 key=key, dtype=dtype)
+
+
+def round_trip(x: jax.Array, fmt: Format, *, scale_mode: str,
+               block_size: int, key: jax.Array | None) -> jax.Array:
+  """``x`` rounded to ``fmt`` (with its scales) and decoded, in ``x``'s
+  dtype: what a quantized gradient or a forward weight is. The rounding is
+  the codec's explicit arithmetic, which ``jit`` cannot elide as excess
+  precision; a float32 grid (``fp32``, ``e8m23``) returns ``x``."""
+  if fmt.is_identity and scale_mode == 'none':
+    return x
+  return decode(encode(x, fmt, scale_mode=scale_mode, block_size=block_size,
+                       key=key), x.dtype)
 
 
 def encode_like(

@@ -133,7 +133,10 @@ def field_names(state: Any, skip: Callable[[Any], Any] | None = None
 
 def probe_state(inner: optax.GradientTransformation) -> Any:
   """``inner``'s abstract state on a small probe tree, or None if unknown."""
-  probe = {'w': jax.ShapeDtypeStruct((8, 8), jnp.float32)}
+  # A matrix and a vector: transforms that treat them apart (Muon and its
+  # auxiliary Adam) show the fields of both.
+  probe = {'w': jax.ShapeDtypeStruct((8, 8), jnp.float32),
+           'b': jax.ShapeDtypeStruct((8,), jnp.float32)}
   try:
     return jax.eval_shape(inner.init, probe)
   except Exception:  # pylint: disable=broad-except

@@ -75,7 +75,7 @@ _UNSUPPORTED = (
     'fp32', 'float32', 'int8', 'int4', 'int8_dynamic',
     'int8_dynamic_unsigned',
 )
-_SIMULATED = re.compile(r'^e(\d+)m(\d+)$')
+_SIMULATED = re.compile(r'^e(\d+)m(\d+)(?:fn|_ieee)?$')
 _UNSIGNED_FLOAT = re.compile(r'^ue(\d+)m(\d+)$')
 SUPPORTED_FORMATS = (
     'bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1', 'fp4_e2m2u', 'fp4',

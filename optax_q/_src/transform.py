@@ -314,9 +314,11 @@ def plan_leaf(config: StorageConfig, path, leaf, root) -> Any:
   scale_mode = config.scale_mode_for(path, leaf, fmt, root)
   q = qarray_lib.encode_compiled(leaf, fmt, scale_mode=scale_mode,
                                  block_size=config.block_size, key=None)
-  if q.nbytes >= qarray_lib.nbytes_of(leaf):
+  if not fmt.simulated and q.nbytes >= qarray_lib.nbytes_of(leaf):
     # Blocks along a very short last axis (a (n, 1) kernel has one scale
-    # per element): the "quantized" leaf would be bigger. Keep it.
+    # per element): the "quantized" leaf would be bigger. Keep it. A
+    # simulated grid (e5m10 in a float32 container) is kept for its
+    # rounding, whatever its bytes.
     return leaf if box is None else box
   if box is None:
     return q

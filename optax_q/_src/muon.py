@@ -1,0 +1,204 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Muon with its momentum (and its auxiliary Adam's moments) in low bits.
+
+``optax.contrib.muon`` orthogonalizes the momentum of matrix parameters
+(Newton-Schulz) and trains the others with an auxiliary AdamW, as a
+partition of two transforms. :func:`muon` wraps it whole in
+:func:`quantize_state` and gives each part its own formats: the state
+leaves under the partition's ``'muon'`` label take ``mu_format``, those
+under ``'adam'`` take ``adam_mu_format`` and ``adam_nu_format``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_q._src import formats as formats_lib
+from optax_q._src import qarray as qarray_lib
+from optax_q._src import state_tree
+from optax_q._src import transform
+from optax_q._src import validation
+
+# 8-bit Muon (Gupta et al., 2025): linear int8 momentum with blocks of 2048.
+DEFAULT_BLOCK_SIZE = 2048
+
+
+def _part_and_field(path: str) -> tuple[str | None, str | None]:
+  """``('muon' | 'adam', field)`` of a state leaf of the partition, whose
+  paths read ``inner_states/<label>/inner_state/<i>/<field>/<param>``."""
+  parts = path.split('/')
+  if len(parts) < 5 or parts[0] != 'inner_states':
+    return None, None
+  return parts[1], parts[4]
+
+
+def _chooser(formats: dict[tuple[str, str], formats_lib.Format | None]):
+  def choose(path: str, leaf: Any) -> formats_lib.Format | None:
+    del leaf
+    return formats.get(_part_and_field(path))
+  return choose
+
+
+def _check_layout_known(tx, formats) -> None:
+  """Raises if the partition's state does not read as :func:`_part_and_field`
+  expects (an Optax version with another layout)."""
+  probe = {'w': jax.ShapeDtypeStruct((8, 8), jnp.float32),
+           'b': jax.ShapeDtypeStruct((8,), jnp.float32)}
+  state = jax.eval_shape(tx.init, probe)
+  seen = set()
+  for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]:
+    part, field = _part_and_field(state_tree.path_str(path))
+    seen.add((part, field))
+  missing = sorted(k for k in formats if k not in seen)
+  if missing:
+    raise RuntimeError(
+        f'optax.contrib.muon state has no leaves at {missing} (found '
+        f'{sorted(s for s in seen if s[0])}): this Optax version lays out '
+        "Muon's state differently; use optax_q.quantize_state directly.")
+
+
+def muon(
+    learning_rate: optax.ScalarOrSchedule,
+    ns_steps: int = 5,
+    beta: float = 0.95,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    weight_decay_mask: Any = None,
+    *,
+    mu_format: Any = 'int8',
+    adam_mu_format: Any = 'int8_dynamic',
+    adam_nu_format: Any = 'int8_dynamic',
+    rounding: str = 'stochastic',
+    block_size: int | None = None,
+    seed: int | None = None,
+    min_size: int | None = None,
+    scale_mode: str | None = None,
+    track_stalls: bool = False,
+    nesterov: bool = True,
+    adam_b1: float = 0.9,
+    adam_b2: float = 0.999,
+    adam_weight_decay: float = 0.0,
+    adam_learning_rate: optax.ScalarOrSchedule | None = None,
+    muon_weight_dimension_numbers: Any = None,
+    **muon_options: Any,
+) -> optax.GradientTransformation:
+  """Muon with its state stored in low precision (8-bit Muon by default).
+
+  ``quantize_state(optax.contrib.muon(...))`` with a format per part: the
+  Muon momentum of matrix parameters in ``mu_format`` (linear ``int8``
+  with blocks of 2048 by default: the configuration that matched float32
+  Muon up to 2.7B parameters, Gupta et al., 2025), and the auxiliary AdamW
+  of the other parameters in ``adam_mu_format`` and ``adam_nu_format``
+  (the bitsandbytes dynamic map by default). Arithmetic is float32: the
+  momentum is decoded, updated and orthogonalized, then stored again. With
+  ``'fp32'`` formats this is ``optax.contrib.muon``, bit for bit.
+
+  Args:
+    learning_rate: A float or an Optax schedule.
+    ns_steps: Newton-Schulz iterations, as in ``optax.contrib.muon``.
+    beta: Momentum decay, in [0, 1).
+    eps: As in ``optax.contrib.muon``, >= 0.
+    weight_decay: Decoupled weight decay of the Muon parameters, >= 0.
+    weight_decay_mask: As in ``optax.contrib.muon``.
+    mu_format: Format of the Muon momentum (see :func:`get_format`);
+      signed. ``'int4'`` (with ``block_size=128``) for 4-bit momentum.
+    adam_mu_format: Format of the auxiliary Adam's first moment; signed.
+    adam_nu_format: Format of its second moment (unsigned variants).
+    rounding: ``'stochastic'`` or ``'nearest'``.
+    block_size: Elements per scale along the last axis; None: 2048.
+    seed: Seed of the stochastic rounding; None: 0.
+    min_size: Leaves with fewer elements keep float32 state; None: 4096.
+    scale_mode: None (the formats' default) or a scale mode for every
+      quantized leaf (see :func:`quantize_state`).
+    track_stalls: Record the stalled fraction of each quantized leaf.
+    nesterov: Nesterov momentum, as in ``optax.contrib.muon``.
+    adam_b1: The auxiliary Adam's first-moment decay, in [0, 1).
+    adam_b2: Its second-moment decay, in [0, 1).
+    adam_weight_decay: Its decoupled weight decay, >= 0.
+    adam_learning_rate: Its learning rate; None: ``learning_rate``.
+    muon_weight_dimension_numbers: Which parameters Muon trains and along
+      which axes, as in ``optax.contrib.muon`` (None: every 2-D leaf).
+    **muon_options: Further keyword arguments of ``optax.contrib.muon``
+      (``ns_coeffs``, ``adaptive``, ``consistent_rms``, ...).
+
+  Returns:
+    An Optax gradient transformation.
+
+  Raises:
+    ValueError: at construction, naming the bad argument and the allowed
+      values.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.muon(0.02, min_size=0)
+    >>> state = tx.init({'w': jnp.zeros((64, 4096)), 'b': jnp.zeros(64)})
+    >>> round(optax_q.state_bits_per_element(state), 3)
+    8.016
+
+  References:
+    Jordan et al, `Muon: An optimizer for hidden layers in neural networks
+    <https://kellerjordan.github.io/posts/muon/>`_, 2024
+
+    Gupta et al, `Effective Quantization of Muon Optimizer States
+    <https://arxiv.org/abs/2509.23106>`_, 2025
+  """
+  for value, name in ((beta, 'beta'), (adam_b1, 'adam_b1'),
+                      (adam_b2, 'adam_b2')):
+    validation.check_number(value, name, high=1.0)
+  for value, name in ((eps, 'eps'), (weight_decay, 'weight_decay'),
+                      (adam_weight_decay, 'adam_weight_decay')):
+    validation.check_number(value, name)
+  validation.check_number(learning_rate, 'learning_rate', schedule=True)
+  if adam_learning_rate is not None:
+    validation.check_number(adam_learning_rate, 'adam_learning_rate',
+                            schedule=True)
+  ns_steps = validation.check_int(ns_steps, 'ns_steps', low=0)
+  formats = {
+      ('muon', 'mu'): _moment(mu_format, 'mu_format'),
+      ('adam', 'mu'): _moment(adam_mu_format, 'adam_mu_format'),
+      ('adam', 'nu'): formats_lib.check_format(adam_nu_format,
+                                               'adam_nu_format'),
+  }
+  tx = optax.contrib.muon(
+      learning_rate, ns_steps=ns_steps, beta=beta, eps=eps,
+      weight_decay=weight_decay, weight_decay_mask=weight_decay_mask,
+      nesterov=validation.check_bool(nesterov, 'nesterov'), adam_b1=adam_b1,
+      adam_b2=adam_b2, adam_weight_decay=adam_weight_decay,
+      adam_learning_rate=adam_learning_rate,
+      muon_weight_dimension_numbers=muon_weight_dimension_numbers,
+      **muon_options)
+  _check_layout_known(tx, formats)
+  if scale_mode is not None:
+    scale_mode = validation.check_scale(scale_mode)
+    for fmt in formats.values():
+      qarray_lib.check_layout(fmt, scale_mode)
+  return transform.quantize_state(
+      tx, _chooser(formats), rounding=rounding, seed=seed,
+      min_size=min_size,
+      block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
+      scale_mode=scale_mode, track_stalls=track_stalls)
+
+
+def _moment(fmt: Any, name: str) -> formats_lib.Format:
+  fmt = formats_lib.check_format(fmt, name)
+  if not fmt.signed:
+    raise ValueError(
+        f'{name}={fmt.name!r} is unsigned (no negative values); {name} '
+        'needs a signed format such as int8, int4 or fp8_e4m3.')
+  return fmt
