@@ -377,19 +377,25 @@ def _mean(values):
   return statistics.fmean(finite) if len(finite) == len(values) else math.nan
 
 
-def _within(problem: str, value: float, reference: float) -> bool:
+def _within(problem: str, value: float, reference: list[float]) -> bool:
+  """Whether a mean ``value`` is inside float32's band: a gradient norm at
+  most :data:`GRAD_NORM_FACTOR` times float32's mean; a loss at most
+  float32's mean plus the larger of :data:`LOSS_TOLERANCE` of it and the
+  spread (max - min) of float32's seeds."""
   if not math.isfinite(value):
     return False
+  mean = _mean(reference)
   if problem in ('rosenbrock', 'scaling'):
-    return value <= GRAD_NORM_FACTOR * reference
-  return value <= (1 + LOSS_TOLERANCE) * reference
+    return value <= GRAD_NORM_FACTOR * mean
+  spread = max(reference) - min(reference)
+  return value <= mean + max(LOSS_TOLERANCE * mean, spread)
 
 
 def summarize(rows):
   """Mean per (problem, optimizer, component, M) and its ratio to float32."""
   sweep_rows = [r for r in rows if r['problem'] in ('rosenbrock', 'mlp',
                                                       'gpt')]
-  base = {(r['problem'], r['optimizer']): _mean(r['values'])
+  base = {(r['problem'], r['optimizer']): r['values']
           for r in sweep_rows if r['component'] == 'fp32'}
   out = []
   for r in sweep_rows:
@@ -398,7 +404,7 @@ def summarize(rows):
     out.append(dict(problem=r['problem'], optimizer=r['optimizer'],
                     component=r['component'], mantissa=r['mantissa'],
                     mean=mean, std=float(np.std(r['values'])),
-                    ratio=mean / ref if ref else math.nan,
+                    ratio=mean / _mean(ref) if _mean(ref) else math.nan,
                     within=_within(r['problem'], mean, ref)))
   return out
 
@@ -461,7 +467,7 @@ def scaling_claim(result):
     for steps in sorted({r['steps'] for r in rows}):
       sel = [r for r in rows if (r['optimizer'], r['sweep'], r['steps']) == (
           opt, comp, steps)]
-      ref = next(_mean(r['values']) for r in sel if r['component'] == 'fp32')
+      ref = next(r['values'] for r in sel if r['component'] == 'fp32')
       ok = {r['mantissa']: _within('scaling', _mean(r['values']), ref)
             for r in sel if r['component'] != 'fp32'}
       needed = None
@@ -469,7 +475,8 @@ def scaling_claim(result):
         if not ok[m]:
           break
         needed = m
-      per_t[steps] = dict(needed_mantissa=needed, fp32_grad_norm=ref)
+      per_t[steps] = dict(needed_mantissa=needed,
+                          fp32_grad_norm=_mean(ref))
     ts = [t for t, v in per_t.items() if v['needed_mantissa'] is not None]
     slope = None
     if len(ts) >= 2:
@@ -578,8 +585,10 @@ Written by `examples/study_fp_convergence.py`; do not edit.
 
 Each cell quantizes one component (`g` gradients, `w` forward weights, `m`
 first moment, `v` second moment) or all four to `e8m{{M}}` with stochastic
-rounding. ✗: outside float32's band (gradient norm more than
-{GRAD_NORM_FACTOR:g}x float32's; losses more than {LOSS_TOLERANCE:.0%} above).
+rounding. ✗: outside float32's band (a gradient norm more than
+{GRAD_NORM_FACTOR:g}x float32's; a loss above float32's mean by more than
+{LOSS_TOLERANCE:.0%} or the spread of float32's seeds, whichever is
+larger).
 
 {''.join(s + chr(10) for s in sections)}
 ## Claims
@@ -633,6 +642,7 @@ def main(argv=None):
   corpus = None
   if {'gpt', 'muon8'} & set(args.sections):
     corpus = data.load_corpus(args.data)
+  out.mkdir(parents=True, exist_ok=True)
   for section in args.sections:
     if section == 'rosenbrock':
       sweep(rosenbrock(), mode, mode.rosenbrock_steps, rows)
@@ -644,14 +654,14 @@ def main(argv=None):
       scaling(mode, rows)
     else:
       muon8(mode, corpus, rows)
-  meta = dict(command=_common.command_line(__file__, argv),
-              git_revision=revision, date=_common.now_utc(),
-              machine=_common.machine(), mode=args.mode,
-              seeds=list(mode.seeds), mantissas=list(mode.mantissas),
-              sizes=dataclasses.asdict(mode), seconds=time.time() - start)
-  result = dict(meta=meta, rows=rows)
-  out.mkdir(parents=True, exist_ok=True)
-  md = _finish(out, result)
+    # Written after every section, so a long run keeps what it measured.
+    meta = dict(command=_common.command_line(__file__, argv),
+                git_revision=revision, date=_common.now_utc(),
+                machine=_common.machine(), mode=args.mode,
+                seeds=list(mode.seeds), mantissas=list(mode.mantissas),
+                sizes=dataclasses.asdict(mode), seconds=time.time() - start)
+    result = dict(meta=meta, rows=rows)
+    md = _finish(out, result)
   print(json.dumps(result['claims'], indent=1))
   print(f'wrote {out}/fp_convergence.{{json,md}}')
   return md

@@ -51,6 +51,7 @@ import profile_step  # noqa: E402
 import staleness_simulation  # noqa: E402
 import study_bits  # noqa: E402
 import study_eco  # noqa: E402
+import study_fp_convergence  # noqa: E402
 import study_lowbit  # noqa: E402
 import study_precision  # noqa: E402
 import study_staleness  # noqa: E402
@@ -453,6 +454,49 @@ class StudyEcoTest(_DocsUnchanged):
       md, _ = _quiet(study_eco.main, ['--render', '--name', name,
                                       '--out', str(self.out)])
       self.assertEqual(md, (results / f'{name}.md').read_text(), name)
+
+
+class StudyFpConvergenceTest(_DocsUnchanged):
+
+  def test_sweep_and_scaling_write_their_files(self):
+    md, text = _quiet(study_fp_convergence.main, [
+        '--mode', 'smoke', '--sections', 'rosenbrock', 'scaling',
+        '--out', str(self.out)])
+    self.assert_wrote('fp_convergence.json', 'fp_convergence.md',
+                      'fp_convergence_rosenbrock.png')
+    saved = json.loads((self.out / 'fp_convergence.json').read_text())
+    components = {(r['optimizer'], r['component']) for r in saved['rows']
+                  if r['problem'] == 'rosenbrock'}
+    self.assertIn(('adam', 'v'), components)
+    self.assertIn(('muon', 'all'), components)
+    self.assertNotIn(('muon', 'v'), components)  # No second moment there.
+    self.assertIn('adam all', saved['claims']['scaling'])
+    self.assertIn('python examples/study_fp_convergence.py',
+                  saved['meta']['command'])
+    self.assertIn('needed_mantissa_all', text)
+    again, _ = _quiet(study_fp_convergence.main,
+                      ['--render', '--out', str(self.out)])
+    self.assertEqual(again, md)
+
+  @pytest.mark.slow  # Two minutes: every section compiled.
+  def test_every_section(self):
+    _quiet(study_fp_convergence.main, ['--mode', 'smoke',
+                                       '--out', str(self.out)])
+    saved = json.loads((self.out / 'fp_convergence.json').read_text())
+    muon8 = saved['claims']['muon8']
+    self.assertLess(muon8['muon 8-bit']['bits'], 9.0)
+    self.assertLess(muon8['muon 4-bit']['bits'], 5.0)
+    self.assertEqual(muon8['muon fp32']['bits'], 32.0)
+    self.assertEqual({r['problem'] for r in saved['rows']},
+                     {'rosenbrock', 'mlp', 'gpt', 'scaling', 'muon8'})
+
+  def test_published_page_is_its_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    shutil.copy(results / 'fp_convergence.json',
+                self.out / 'fp_convergence.json')
+    md, _ = _quiet(study_fp_convergence.main,
+                   ['--render', '--out', str(self.out)])
+    self.assertEqual(md, (results / 'fp_convergence.md').read_text())
 
 
 class ProfileStepTest(_DocsUnchanged):

@@ -329,6 +329,22 @@ class MuonTest(parameterized.TestCase):
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
       np.testing.assert_allclose(a, b, atol=2e-3)
 
+  def test_dimension_numbers_and_masks_of_the_callers_tree(self):
+    params = self._params()
+    dims = {'w': optax.contrib.MuonDimensionNumbers(0, 1), 'v': None,
+            'b': None}
+    mask = {'w': True, 'v': False, 'b': False}
+    kwargs = dict(muon_weight_dimension_numbers=dims, weight_decay=0.1,
+                  weight_decay_mask=mask)
+    got, state = self._run(optax_q.muon(
+        1e-2, mu_format='fp32', adam_mu_format='fp32', adam_nu_format='fp32',
+        **kwargs))
+    want, _ = self._run(optax.contrib.muon(1e-2, **kwargs))
+    helpers.assert_bits_equal(got, want)
+    _, state = self._run(optax_q.muon(1e-2, min_size=0, **kwargs))
+    self.assertIn('inner_state/inner_states/adam/inner_state/0/mu/v',
+                  optax_q.quantized_leaves(state))
+
   def test_four_bit_momentum(self):
     _, state = self._run(optax_q.muon(1e-2, mu_format='int4', block_size=128,
                                       min_size=0))

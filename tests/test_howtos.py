@@ -48,6 +48,7 @@ class HowToTest(parameterized.TestCase):
       ('memory_budget', ['--budget-mib', '40'], 'MiB: fp8'),
       ('master_free', ['--steps', '6', '--save-at', '3'],
        'bit-identical: True'),
+      ('fp_components', ['--steps', '8'], 'bit-identical: True'),
   )
   def test_runs_and_checks(self, name, argv, expected):
     out = io.StringIO()

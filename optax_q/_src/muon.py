@@ -23,6 +23,7 @@ under ``'adam'`` take ``adam_mu_format`` and ``adam_nu_format``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -175,15 +176,17 @@ def muon(
       ('adam', 'nu'): formats_lib.check_format(adam_nu_format,
                                                'adam_nu_format'),
   }
-  tx = optax.contrib.muon(
-      learning_rate, ns_steps=ns_steps, beta=beta, eps=eps,
-      weight_decay=weight_decay, weight_decay_mask=weight_decay_mask,
+  make = functools.partial(
+      optax.contrib.muon, learning_rate, ns_steps=ns_steps, beta=beta,
+      eps=eps, weight_decay=weight_decay,
       nesterov=validation.check_bool(nesterov, 'nesterov'), adam_b1=adam_b1,
       adam_b2=adam_b2, adam_weight_decay=adam_weight_decay,
-      adam_learning_rate=adam_learning_rate,
-      muon_weight_dimension_numbers=muon_weight_dimension_numbers,
-      **muon_options)
-  _check_layout_known(tx, formats)
+      adam_learning_rate=adam_learning_rate, **muon_options)
+  # The layout is checked on a probe tree, with the default parameter
+  # labels (the caller's dimension numbers and mask fit their own tree).
+  _check_layout_known(make(), formats)
+  tx = make(weight_decay_mask=weight_decay_mask,
+            muon_weight_dimension_numbers=muon_weight_dimension_numbers)
   if scale_mode is not None:
     scale_mode = validation.check_scale(scale_mode)
     for fmt in formats.values():

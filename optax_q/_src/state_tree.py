@@ -132,15 +132,20 @@ def field_names(state: Any, skip: Callable[[Any], Any] | None = None
 
 
 def probe_state(inner: optax.GradientTransformation) -> Any:
-  """``inner``'s abstract state on a small probe tree, or None if unknown."""
-  # A matrix and a vector: transforms that treat them apart (Muon and its
-  # auxiliary Adam) show the fields of both.
-  probe = {'w': jax.ShapeDtypeStruct((8, 8), jnp.float32),
-           'b': jax.ShapeDtypeStruct((8,), jnp.float32)}
-  try:
-    return jax.eval_shape(inner.init, probe)
-  except Exception:  # pylint: disable=broad-except
-    return None
+  """``inner``'s abstract state on a small probe tree, or None if unknown.
+
+  The probe holds a matrix and a vector, so that transforms that treat
+  them apart (Muon and its auxiliary Adam) show the fields of both; a
+  transform that only takes matrices is probed with the matrix alone.
+  """
+  matrix = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+  for probe in ({'w': matrix, 'b': jax.ShapeDtypeStruct((8,), jnp.float32)},
+                {'w': matrix}):
+    try:
+      return jax.eval_shape(inner.init, probe)
+    except Exception:  # pylint: disable=broad-except
+      continue
+  return None
 
 
 def probe_field_names(inner: optax.GradientTransformation,
