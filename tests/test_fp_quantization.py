@@ -112,6 +112,16 @@ class NearestTest(parameterized.TestCase):
     got = np.asarray(_nearest(name)(jnp.asarray(x)))
     np.testing.assert_array_equal(got, _cast(x, dtype))
 
+  def test_e2m1_equals_ml_dtypes_cast(self):
+    # fp4 e2m1 is a table (packed codes) that takes scales: a tensor whose
+    # largest magnitude is the grid's (6) has a scale of exactly one.
+    x = np.clip(_samples(ml_dtypes.float4_e2m1fn, seed=4), -6.0, 6.0)
+    x = np.concatenate([x, np.arange(-6.0, 6.25, 0.25, np.float32)])
+    tx = optax_q.quantize_gradients('e2m1', rounding='nearest',
+                                    scale_mode='tensor')
+    got = jax.jit(tx.update)(jnp.asarray(x), tx.init(x))[0]
+    np.testing.assert_array_equal(got, _cast(x, ml_dtypes.float4_e2m1fn))
+
   @parameterized.parameters(('e4m3', ml_dtypes.float8_e4m3fn),
                             ('e5m2', ml_dtypes.float8_e5m2),
                             ('e8m7', ml_dtypes.bfloat16))

@@ -152,6 +152,14 @@ class Format:
         and self.mantissa_bits == 23)
 
   @property
+  def ties_to_even(self) -> bool:
+    """Nearest rounding breaks exact ties to the even mantissa, as IEEE:
+    float grids stored as a signed table (``fp4_e2m1``, which then equals
+    ml_dtypes' ``float4_e2m1fn`` cast). Other tables break ties down."""
+    return (self.kind == 'codebook' and self.mantissa_bits is not None
+            and self.signed)
+
+  @property
   def simulated(self) -> bool:
     """A float grid narrower than its container (``e{E}m{M}`` other than
     the native bf16/fp8 layouts): values are rounded to the grid, memory

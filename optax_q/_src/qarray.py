@@ -425,8 +425,9 @@ def _encode_values(
       return (c + (q + 1)).astype(jnp.uint8)
     return c.astype(fmt.dtype)
   y = jnp.where(jnp.isnan(y), 0, y)
-  return rounding_lib.round_to_table(y, fmt.table, u, fmt.space).astype(
-      jnp.uint8)
+  ties = 'even' if fmt.ties_to_even else 'down'
+  return rounding_lib.round_to_table(y, fmt.table, u, fmt.space,
+                                     ties).astype(jnp.uint8)
 
 
 def _decode_values(codes: jax.Array, fmt: Format) -> jax.Array:

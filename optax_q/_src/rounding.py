@@ -233,7 +233,8 @@ def _fraction(x, lo_v, hi_v, space: str, xp=jnp):
 
 
 def round_to_table(
-    x: jax.Array, table, u: jax.Array | None, space: str = 'linear'
+    x: jax.Array, table, u: jax.Array | None, space: str = 'linear',
+    ties: str = 'down',
 ) -> jax.Array:
   """Indices (int32) of ``x`` on a sorted ``table``, nearest or stochastic.
 
@@ -249,9 +250,14 @@ def round_to_table(
   whose exact float32 thresholds are found once, on the host, so the
   search is a few comparisons (16-entry tables) or one bucketed lookup on
   the float's bits (larger tables) instead of a binary search.
+
+  Nearest rounding breaks an exact tie towards the lower entry, or with
+  ``ties='even'`` (static tables of float grids, such as ``fp4_e2m1``)
+  towards the entry whose magnitude is at an even position among the
+  table's magnitudes, zero first: the even mantissa, as IEEE rounding.
   """
   if isinstance(table, tuple):
-    return _round_to_static_table(x, table, u, space)
+    return _round_to_static_table(x, table, u, space, ties)
   n = table.shape[0]
   x = jnp.clip(x, table[0], table[-1])
   # Index of the last entry <= x (binary search over the sorted table).
@@ -291,13 +297,26 @@ def _table_floor(x: np.ndarray, t: np.ndarray) -> np.ndarray:
   return np.clip(np.searchsorted(t, x, side='right') - 1, 0, t.size - 2)
 
 
-def _table_nearest(x: np.ndarray, t: np.ndarray, space: str) -> np.ndarray:
-  """Reference nearest index, in float32 arithmetic as the traced search."""
+def _table_nearest(x: np.ndarray, t: np.ndarray, space: str,
+                   even: np.ndarray | None = None) -> np.ndarray:
+  """Reference nearest index, in float32 arithmetic as the traced search;
+  a tie goes up where ``even`` marks the upper entry (else down)."""
   x = np.asarray(x, np.float32)
   lo = _table_floor(x, t)
   with np.errstate(invalid='ignore', divide='ignore'):
-    frac = _fraction(x, t[lo], t[lo + 1], space, np)
-  return lo + (frac.astype(np.float32) > np.float32(0.5))
+    frac = _fraction(x, t[lo], t[lo + 1], space, np).astype(np.float32)
+  up = frac > np.float32(0.5)
+  if even is not None:
+    up = up | ((frac == np.float32(0.5)) & even[lo + 1])
+  return lo + up
+
+
+def _even_positions(t: np.ndarray) -> np.ndarray:
+  """Whether each entry's magnitude is at an even position among the
+  table's distinct magnitudes (zero at position 0): on a float grid, the
+  entries with an even mantissa."""
+  mags = sorted(set(np.abs(t).tolist()))
+  return np.array([mags.index(abs(float(v))) % 2 == 0 for v in t])
 
 
 @functools.cache
@@ -312,6 +331,9 @@ def _table_steps(table: tuple[float, ...], mode: str, space: str = 'linear'):
   t = np.asarray(table, np.float32)
   if mode == 'nearest':
     f = functools.partial(_table_nearest, space=space)
+  elif mode == 'nearest_even':
+    f = functools.partial(_table_nearest, space=space,
+                          even=_even_positions(t))
   else:
     f = _table_floor
   code = lambda k: int(f(_from_ordered(np.array([k])), t)[0])
@@ -411,11 +433,12 @@ def _static_index(x: jax.Array, table: tuple[float, ...], mode: str,
   return jnp.where(above, c >> 16, c & 0xFFFF)
 
 
-def _round_to_static_table(x, table, u, space):
+def _round_to_static_table(x, table, u, space, ties='down'):
   t = np.asarray(table, np.float32)
   x = jnp.clip(x, t[0], t[-1])
   if u is None:
-    return _static_index(x, table, 'nearest', space)
+    mode = 'nearest_even' if ties == 'even' else 'nearest'
+    return _static_index(x, table, mode, space)
   lo = _static_index(x, table, 'floor')
   if not bucketed(table, 'floor'):
     lo_v = jnp.full(x.shape, t[0], jnp.float32)
