@@ -28,14 +28,19 @@ import numpy as np
 import optax
 
 import optax_q
-from optax_q._src import qarray
+from optax_q._src import formats as formats_lib
+
+# The grids of e4m3fn and e5m2_ieee simulated in a bf16 container (the
+# names themselves mean the native one-byte formats).
+SIM_E4M3FN = formats_lib._simulated(4, 3, 'fn')  # pylint: disable=protected-access
+SIM_E5M2 = formats_lib._simulated(5, 2, '_ieee')  # pylint: disable=protected-access
 
 # (our format, the ml_dtypes dtype with the same grid).
 SAME_GRID = (
     ('e4m3', ml_dtypes.float8_e4m3fn),
-    ('e4m3fn', ml_dtypes.float8_e4m3fn),
+    (SIM_E4M3FN, ml_dtypes.float8_e4m3fn),
     ('e5m2', ml_dtypes.float8_e5m2),
-    ('e5m2_ieee', ml_dtypes.float8_e5m2),
+    (SIM_E5M2, ml_dtypes.float8_e5m2),
     ('e4m3_ieee', ml_dtypes.float8_e4m3),
     ('e3m4_ieee', ml_dtypes.float8_e3m4),
     ('e2m3', ml_dtypes.float6_e2m3fn),
@@ -84,19 +89,30 @@ class FormatTest(parameterized.TestCase):
                      float(ml_dtypes.finfo(dtype).max))
 
   def test_e4m3_saturates_at_448(self):
-    self.assertEqual(optax_q.get_format('e4m3fn').max_value, 448.0)
-    got = _nearest('e4m3fn')(jnp.array([460.0, 1e6, -500.0]))
-    np.testing.assert_array_equal(got, [448.0, 448.0, -448.0])
+    for fmt in ('e4m3', SIM_E4M3FN):
+      self.assertEqual(optax_q.get_format(fmt).max_value, 448.0)
+      got = _nearest(fmt)(jnp.array([460.0, 1e6, -500.0]))
+      np.testing.assert_array_equal(got, [448.0, 448.0, -448.0])
+
+  def test_native_spellings(self):
+    self.assertEqual(optax_q.get_format('e4m3fn').name, 'fp8_e4m3')
+    self.assertEqual(optax_q.get_format('e5m2_ieee').name, 'fp8_e5m2')
+    self.assertEqual(SIM_E4M3FN.storage_dtype, 'bfloat16')
 
   @parameterized.parameters('e9m2', 'e0m3', 'e4m24', 'e1m2_ieee', 'e8m3fn',
-                            'e1m0fn', 'e4m3x', 'm3e4', 3, None)
+                            'e1m0fn', 'e4m3x', 'm3e4', 'e04m3', 'e4m03', 3,
+                            None, True, 4.0)
   def test_bad_names(self, name):
     with self.assertRaisesRegex(ValueError, 'fmt'):
       optax_q.quantize_gradients(name)
 
   def test_out_of_range_names_say_the_range(self):
-    with self.assertRaisesRegex(ValueError, '1 <= E <= 8.*got E=9, M=2'):
-      optax_q.get_format('e9m2')
+    for name, message in (('e9m2', 'E=9 exponent bits: allowed 1 <= E <= 8'),
+                          ('e4m24', 'M=24 mantissa bits'),
+                          ('e1m2_ieee', '_ieee needs E >= 2, got E=1'),
+                          ('e8m3fn', 'fn .* needs 2 <= E <= 7, got E=8')):
+      with self.assertRaisesRegex(ValueError, message):
+        optax_q.get_format(name)
 
   def test_float32_grids_are_identities(self):
     for name in ('fp32', 'e8m23', 'e8m23_ieee'):
@@ -178,7 +194,7 @@ class StochasticTest(parameterized.TestCase):
 
   def test_draws_change_with_the_step_and_repeat_with_the_seed(self):
     x = {'w': jnp.full((4096,), 0.3)}
-    tx = optax_q.quantize_gradients('e4m3fn', scale_mode='none', seed=5)
+    tx = optax_q.quantize_gradients(SIM_E4M3FN, scale_mode='none', seed=5)
     step = jax.jit(tx.update)
     a, s = step(x, tx.init(x))
     b, _ = step(x, s)
@@ -225,9 +241,9 @@ class QuantizedTrainingTest(parameterized.TestCase):
       ('muon', lambda: optax.contrib.muon(1e-2), False))
   def test_float32_formats_equal_optax(self, name, make, elementwise):
     # At M = 23 with 8 exponent bits every component is float32 exactly.
-    formats = 'e8m23' if name != 'sgd' else dict.fromkeys('gwm', 'e8m23')
+    del name
     for rounding in ('stochastic', 'nearest'):
-      q = optax_q.quantized_training(formats, rounding=rounding)
+      q = optax_q.quantized_training('e8m23', rounding=rounding)
       got, _ = _train(q.optimizer(make(), elementwise=elementwise),
                       _params(), q.weights)
       want, _ = _train(make(), _params())
@@ -273,7 +289,8 @@ class QuantizedTrainingTest(parameterized.TestCase):
     for kwargs, message in (
         (dict(rounding='up'), 'rounding'), (dict(seed=-1), 'seed'),
         (dict(block_size=3), 'block_size'), (dict(min_size=-1), 'min_size'),
-        (dict(scale_mode={'g': 'rank1'}), 'rank1'),
+        (dict(scale_mode={'g': 'rank1'}), r"scale_mode\['g'\]='rank1'"),
+        (dict(scale_mode={'w': 'row'}), "formats has no 'w'"),
         (dict(scale_mode={'q': 'row'}), 'unknown components'),
         (dict(scale_mode='rows'), 'scale_mode')):
       with self.assertRaisesRegex(ValueError, message):
@@ -283,6 +300,39 @@ class QuantizedTrainingTest(parameterized.TestCase):
     q = optax_q.quantized_training({'v': 'e4m3'})
     with self.assertRaisesRegex(ValueError, r"formats\['v'\].*no field nu"):
       q.optimizer(optax.sgd(1e-2, momentum=0.9))
+    # A partition the probe cannot initialise: checked at init.
+    params = {'kernel': jnp.ones((8, 8)), 'bias': jnp.ones(8)}
+    tx = optax.partition({'a': optax.sgd(0.1), 'f': optax.set_to_zero()},
+                         {'kernel': 'a', 'bias': 'f'})
+    q = optax_q.quantized_training({'m': 'e4m3'})
+    with self.assertRaisesRegex(ValueError, r"formats\['m'\].*no field mu"):
+      q.optimizer(tx).init(params)
+
+  def test_one_format_applies_to_the_moments_there_are(self):
+    params = {'w': jnp.ones((8, 8))}
+    for tx, fields in ((optax.sgd(0.1, momentum=0.9), {'trace'}),
+                       (optax.lion(1e-3), {'mu'}),
+                       (optax.amsgrad(1e-3), {'mu', 'nu', 'nu_max'})):
+      state = optax_q.quantized_training('e4m3').optimizer(tx).init(params)
+      got = {k.split('/')[-2] for k in optax_q.quantized_leaves(state)}
+      self.assertEqual(got, fields)
+
+  def test_stochastic_weights_need_the_step(self):
+    q = optax_q.quantized_training({'w': 'e4m3'})
+    with self.assertRaisesRegex(ValueError, 'needs the step'):
+      q.weights({'k': jnp.ones(4)})
+    w = {'k': jnp.linspace(0.1, 1.0, 64)}
+    a = q.weights(w, 1)['k']
+    b = q.weights(w, 2)['k']
+    self.assertFalse(np.array_equal(a, b))
+
+  def test_checked_when_made_directly(self):
+    with self.assertRaisesRegex(ValueError, r"formats\['g'\]"):
+      optax_q.QuantizedTraining(formats={'g': 'e44m3'})
+    q = optax_q.QuantizedTraining(formats={'g': 'e4m3'})
+    self.assertIsNone(q.formats['m'])
+    with self.assertRaises(TypeError):
+      q.formats['g'] = 'int8'  # Read-only.
 
   def test_non_float_leaves_and_none_pass(self):
     tx = optax_q.quantize_gradients('e4m3')
@@ -292,12 +342,26 @@ class QuantizedTrainingTest(parameterized.TestCase):
     self.assertIsNone(out['none'])
 
   def test_finite_inputs_stay_finite(self):
-    x = jnp.array([3e38, -3e38, 1e-45, 0.0, 1.0, 448.0 * 1.1])
-    for fmt in ('e4m3', 'e5m2', 'e2m2', 'e8m7', 'e5m10', 'e3m2_ieee'):
+    big = float(np.finfo(np.float32).max)
+    x = jnp.array([big, -big, 3.4e38, 3e38, 1e-45, 0.0, 1.0, 448.0 * 1.1])
+    for fmt in ('e4m3', 'e5m2', 'e2m2', 'e8m7', 'bf16', 'e8m3', 'e8m0',
+                'e5m10', 'e3m2_ieee'):
       for mode in ('none', 'block'):
-        tx = optax_q.quantize_gradients(fmt, scale_mode=mode)
-        out = jax.jit(tx.update)(x, tx.init(x))[0]
-        self.assertTrue(np.all(np.isfinite(out)), (fmt, mode, out))
+        for rounding in ('nearest', 'stochastic'):
+          tx = optax_q.quantize_gradients(fmt, scale_mode=mode,
+                                          rounding=rounding)
+          out = jax.jit(tx.update)(x, tx.init(x))[0]
+          self.assertTrue(np.all(np.isfinite(out)),
+                          (fmt, mode, rounding, out))
+
+  def test_narrow_leaves_saturate_at_their_dtype(self):
+    h = jnp.array([65504.0, 65400.0, -65504.0, 1.0], jnp.float16)
+    tx = optax_q.quantize_gradients('bf16', rounding='nearest')
+    out = tx.update(h, tx.init(h))[0]
+    self.assertEqual(out.dtype, jnp.float16)
+    np.testing.assert_array_equal(out, [65504.0, 65504.0, -65504.0, 1.0])
+    w = optax_q.quantized_training({'w': 'e8m3'}, rounding='nearest')
+    self.assertTrue(np.all(np.isfinite(w.weights({'k': h})['k'])))
 
 
 class MuonTest(parameterized.TestCase):

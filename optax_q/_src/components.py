@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import dataclasses
+import types
 from typing import Any
 
 import jax
@@ -44,22 +45,23 @@ from optax_q._src import weights
 # first moment, second moment.
 COMPONENTS = ('g', 'w', 'm', 'v')
 # State fields that hold each moment (Adam, Muon and Lion: mu; SGD with
-# momentum: trace; Adam: nu).
-MOMENT_FIELDS = {'m': ('mu', 'trace'), 'v': ('nu',)}
+# momentum: trace; Adam: nu, AMSGrad's nu_max too).
+MOMENT_FIELDS = types.MappingProxyType(
+    {'m': ('mu', 'trace'), 'v': ('nu', 'nu_max')})
 Formats = str | formats_lib.Format | Mapping[str, Any] | None
 
 
-def _check_components(value: Any, name: str, check) -> dict[str, Any]:
-  """``{component: check(v)}`` from one value for all or a mapping."""
+def _per_component(value: Any, name: str) -> dict[str, Any]:
+  """``{component: value}`` from one value for all or a mapping."""
   if not isinstance(value, Mapping):
-    return {c: check(value, c) for c in COMPONENTS}
+    return dict.fromkeys(COMPONENTS, value)
   unknown = sorted(str(k) for k in value if k not in COMPONENTS)
   if unknown:
     raise ValueError(
         f'{name} has unknown components {unknown}; the components are '
         f"{COMPONENTS} ('g' gradients, 'w' weights, 'm' first moment, "
         "'v' second moment).")
-  return {c: check(value.get(c), c) for c in COMPONENTS}
+  return {c: value.get(c) for c in COMPONENTS}
 
 
 def _check_format(value: Any, component: str) -> formats_lib.Format | None:
@@ -71,54 +73,94 @@ def _check_format(value: Any, component: str) -> formats_lib.Format | None:
   return gradients.check_signed_format(value, name)
 
 
-def _check_mode(value: Any, component: str) -> str | None:
-  if value is None:
+def _check_mode(mode: Any, component: str, fmt) -> str | None:
+  if mode is None:
     return None
-  return validation.check_scale(value, f'scale_mode[{component!r}]')
+  name = f'scale_mode[{component!r}]'
+  if fmt is None:
+    raise ValueError(
+        f'{name}={validation.short(mode)} is given, but formats has no '
+        f'{component!r}: that component stays float32.')
+  mode = validation.check_scale(mode, name)
+  if mode == 'rank1' and component in ('g', 'w'):
+    raise ValueError(
+        f"{name}='rank1' is a second-moment layout; {component!r} takes "
+        "'none', 'tensor', 'row', 'block' or 'block_pow2'.")
+  qarray_lib.check_layout(fmt, mode, name)
+  return mode
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class QuantizedTraining:
-  """Formats of the four components; made by :func:`quantized_training`.
+  """Formats of the four components, checked when made.
+
+  Made by :func:`quantized_training` (or directly, with the same checks).
 
   Attributes:
     formats: ``{component: Format or None}`` for ``'g'``, ``'w'``, ``'m'``
-      and ``'v'`` (None: float32).
+      and ``'v'`` (None: float32); given as one format for all, a mapping,
+      or None.
     rounding: ``'nearest'`` or ``'stochastic'``, for every component.
     seed: Seed of the stochastic rounding.
     scale_mode: ``{component: scale mode or None}`` (None: the default of
       the component's format).
     block_size: Elements per scale for block scales.
     min_size: Moment leaves with fewer elements stay float32.
+    required: The moment components an optimizer must have: those named
+      in a mapping of ``formats``; one format for all applies to the
+      moments the optimizer has.
   """
 
-  formats: Mapping[str, formats_lib.Format | None]
+  formats: Formats = None
   rounding: str = 'stochastic'
   seed: int = 0
-  scale_mode: Mapping[str, str | None] = dataclasses.field(
-      default_factory=dict)
+  scale_mode: str | Mapping[str, str | None] | None = None
   block_size: int = 128
   min_size: int = 0
+  required: frozenset[str] = dataclasses.field(init=False)
 
-  def gradients(self) -> optax.GradientTransformation:
+  def __post_init__(self):
+    raw = self.formats
+    given = _per_component({} if raw is None else raw, 'formats')
+    fmts = {c: _check_format(v, c) for c, v in given.items()}
+    modes = _per_component(self.scale_mode, 'scale_mode')
+    if not isinstance(self.scale_mode, Mapping):  # One mode for the given.
+      modes = {c: m if fmts[c] is not None else None
+               for c, m in modes.items()}
+    modes = {c: _check_mode(m, c, fmts[c]) for c, m in modes.items()}
+    required = frozenset(c for c in ('m', 'v') if isinstance(raw, Mapping)
+                         and fmts[c] is not None)
+    checked = dict(
+        formats=types.MappingProxyType(fmts),
+        scale_mode=types.MappingProxyType(modes),
+        rounding=validation.check_rounding(self.rounding),
+        seed=validation.check_seed(self.seed),
+        block_size=validation.check_block_size(self.block_size),
+        min_size=validation.check_int(self.min_size, 'min_size'),
+        required=required)
+    for name, value in checked.items():
+      object.__setattr__(self, name, value)
+
+  def gradients(self) -> optax.GradientTransformationExtraArgs:
     """The ``q_G`` transform (the identity when ``'g'`` is float32)."""
     fmt = self.formats['g']
     if fmt is None:
-      return optax.identity()
+      return optax.with_extra_args_support(optax.identity())
     return gradients.quantize_gradients(
-        fmt, rounding=self.rounding, scale_mode=self.scale_mode.get('g'),
+        fmt, rounding=self.rounding, scale_mode=self.scale_mode['g'],
         block_size=self.block_size, seed=self.seed)
 
   def optimizer(self, tx: optax.GradientTransformation, *,
-                elementwise: bool = False) -> optax.GradientTransformation:
+                elementwise: bool = False
+                ) -> optax.GradientTransformationExtraArgs:
     """``tx`` with quantized gradients in front and quantized moments.
 
     Args:
       tx: An Optax optimizer with float32 state (``optax.adam``,
         ``optax.adamw``, ``optax.contrib.muon``, ``optax.sgd`` with
         momentum, ...). ``'m'`` applies to its ``mu`` (or ``trace``)
-        fields, ``'v'`` to its ``nu`` fields: in Muon, the momentum and the
-        auxiliary Adam's moments.
+        fields, ``'v'`` to its ``nu`` (and ``nu_max``) fields: in Muon, the
+        momentum and the auxiliary Adam's moments.
       elementwise: As for :func:`quantize_state` (True for Adam-like
         optimizers, where it is faster; not for Muon).
 
@@ -126,53 +168,71 @@ class QuantizedTraining:
       ``optax.chain(gradients(), quantize_state(tx, ...))``.
 
     Raises:
-      ValueError: when a moment's format is set and ``tx``'s state has no
-        such field.
+      ValueError: here, or at ``init`` on the real parameters, when a
+        moment named in a mapping of ``formats`` has no field in ``tx``'s
+        state.
     """
     tx = validation.check_transform(tx, 'tx')
     fields = self._moment_formats(tx)
     if fields:
-      modes = {f: self.scale_mode.get(c) for c in ('m', 'v')
+      modes = {f: self.scale_mode[c] for c in ('m', 'v')
                for f in MOMENT_FIELDS[c] if f in fields
-               and self.scale_mode.get(c) is not None}
-      tx = transform.quantize_state(
+               and self.scale_mode[c] is not None}
+      tx = _checked_init(transform.quantize_state(
           tx, fields, rounding=self.rounding, seed=self.seed,
           min_size=self.min_size, block_size=self.block_size,
           scale_mode=modes or None, track_stalls=False,
-          elementwise=elementwise)
+          elementwise=elementwise), self._missing)
     return optax.chain(self.gradients(), tx)
 
+  def _missing(self, names: set[str]) -> None:
+    """Raises for a required moment none of whose fields is in ``names``."""
+    for c in sorted(self.required):
+      if not set(MOMENT_FIELDS[c]) & names:
+        raise ValueError(
+            f'formats[{c!r}]={self.formats[c].name!r}, but the optimizer '
+            f'state has no field {" or ".join(MOMENT_FIELDS[c])} (its float '
+            f'fields: {sorted(names)}).')
+
   def _moment_formats(self, tx) -> dict[str, formats_lib.Format]:
-    wanted = {c: self.formats[c] for c in ('m', 'v')
-              if self.formats[c] is not None}
+    wanted = [c for c in ('m', 'v') if self.formats[c] is not None]
     if not wanted:
       return {}
     names = state_tree.probe_field_names(tx)
     known = None if names is None else names[0]
-    out = {}
-    for component, fmt in wanted.items():
-      present = [f for f in MOMENT_FIELDS[component]
-                 if known is None or f in known]
-      if not present:
-        raise ValueError(
-            f'formats[{component!r}]={fmt.name!r}, but the optimizer state '
-            f'has no field {" or ".join(MOMENT_FIELDS[component])} (its '
-            f'float fields: {sorted(known)}).')
-      out.update({f: fmt for f in present})
-    return out
+    if known is not None:
+      self._missing(known)
+    return {f: self.formats[c] for c in wanted for f in MOMENT_FIELDS[c]
+            if known is None or f in known}
 
-  def weights(self, params: Any, step: int | jax.Array = 0) -> Any:
+  def weights(self, params: Any, step: int | jax.Array | None = None) -> Any:
     """The ``q_W`` forward weights: every float leaf of rank >= 1 rounded
     to ``formats['w']`` with a straight-through gradient to the float32
     master (:func:`fake_quantize_params`); ``params`` when ``'w'`` is
-    float32. Pass the step so stochastic rounding draws new bits."""
+    float32. With stochastic rounding, pass the step (a traced integer is
+    fine), so that every step draws new bits."""
     fmt = self.formats['w']
     if fmt is None:
       return params
+    if step is None:
+      if self.rounding == 'stochastic':
+        raise ValueError(
+            "weights(params, step): stochastic rounding needs the step, so "
+            'that every step draws new bits.')
+      step = 0
     return weights.fake_quantize_params(
-        params, fmt, scale_mode=self.scale_mode.get('w'),
+        params, fmt, scale_mode=self.scale_mode['w'],
         block_size=self.block_size, filter='all', rounding=self.rounding,
         seed=self.seed, step=step)
+
+
+def _checked_init(tx, check) -> optax.GradientTransformationExtraArgs:
+  """``tx`` whose ``init`` checks the fields of the real state."""
+  def init_fn(params):
+    state = tx.init(params)
+    check(state_tree.field_names(state.inner_state)[0])
+    return state
+  return optax.GradientTransformationExtraArgs(init_fn, tx.update)
 
 
 def quantized_training(
@@ -237,20 +297,6 @@ def quantized_training(
     Tang et al, `A Convergence Analysis of Adaptive Optimizers under
     Floating-point Quantization <https://arxiv.org/abs/2510.21314>`_, 2025
   """
-  if formats is None:
-    formats = {}
-  checked = _check_components(formats, 'formats', _check_format)
-  modes = _check_components(scale_mode, 'scale_mode', _check_mode)
-  for component, fmt in checked.items():
-    if fmt is not None and modes[component] is not None:
-      qarray_lib.check_layout(fmt, modes[component],
-                              f'scale_mode[{component!r}]')
-  result = QuantizedTraining(
-      formats=checked,
-      rounding=validation.check_rounding(rounding),
-      seed=validation.check_seed(seed),
-      scale_mode=modes,
-      block_size=validation.check_block_size(block_size),
-      min_size=validation.check_int(min_size, 'min_size'))
-  result.gradients()  # Checks the gradients' layout now.
-  return result
+  return QuantizedTraining(
+      formats=formats, rounding=rounding, seed=seed, scale_mode=scale_mode,
+      block_size=block_size, min_size=min_size)

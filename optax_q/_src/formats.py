@@ -459,6 +459,7 @@ FORMAT_NAMES = (
 FORMAT_ALIASES = types.MappingProxyType({
     'float32': 'fp32', 'bfloat16': 'bf16', 'float16': 'fp16',
     'fp8': 'fp8_e4m3', 'e4m3': 'fp8_e4m3', 'e5m2': 'fp8_e5m2',
+    'e4m3fn': 'fp8_e4m3', 'e5m2_ieee': 'fp8_e5m2',
     'fp4': 'fp4_e2m1', 'e2m1': 'fp4_e2m1', 'e2m2u': 'fp4_e2m2u',
 })
 VARIANT_NAMES = ('int8_dynamic_unsigned', 'int4_unsigned',
@@ -477,7 +478,7 @@ def _allowed() -> str:
           f'variants {", ".join(VARIANT_NAMES)}; a codebook followed by '
           f'@<space> rounds in that space, one of {ROUNDING_SPACES}; '
           f'aliases {aliases}')
-_SIMULATED = re.compile(r'^e(\d+)m(\d+)(fn|_ieee)?$')
+_SIMULATED = re.compile(r'^e([1-9]\d*)m(0|[1-9]\d*)(fn|_ieee)?$')
 _UNSIGNED_FLOAT = re.compile(r'^ue(\d+)m(\d+)$')
 _COMPANDED = re.compile(r'^int([34])_(sqrt|mulaw|softsign)(_unsigned)?$')
 
@@ -588,11 +589,18 @@ def check_format(fmt: Any, name: str) -> Format:
         raise ValueError(f'{name}={fmt!r}: {e}') from None
   m = _SIMULATED.match(key)
   if m:
+    ebits, mbits, variant = int(m.group(1)), int(m.group(2)), m.group(3)
+    if not 1 <= ebits <= 8:
+      why = f'E={ebits} exponent bits: allowed 1 <= E <= 8'
+    elif not 0 <= mbits <= 23:
+      why = f'M={mbits} mantissa bits: allowed 0 <= M <= 23'
+    elif variant == 'fn':
+      why = (f'the suffix fn (one NaN code) needs 2 <= E <= 7, got E='
+             f'{ebits}')
+    else:
+      why = f'the suffix _ieee needs E >= 2, got E={ebits}'
     raise ValueError(
-        f'{name}={fmt!r}: a float grid e{{E}}m{{M}} needs 1 <= E <= 8 '
-        'exponent bits and 0 <= M <= 23 mantissa bits; the suffix fn needs '
-        '2 <= E <= 7 and _ieee needs E >= 2 (got E='
-        f'{m.group(1)}, M={m.group(2)}).')
+        f'{name}={fmt!r}: a float grid e{{E}}m{{M}}[fn|_ieee] with {why}.')
   raise ValueError(f'Unknown format {name}={fmt!r}. Allowed: {_allowed()}.')
 
 

@@ -100,7 +100,7 @@ def quantize_gradients(
     scale_mode: str | None = None,
     block_size: int = 128,
     seed: int = 0,
-) -> optax.GradientTransformation:
+) -> optax.GradientTransformationExtraArgs:
   """Rounds the incoming gradients to ``fmt``; place it first in a chain.
 
   Each floating-point leaf (scalars included) is divided by its scales,
@@ -113,7 +113,7 @@ def quantize_gradients(
   Args:
     fmt: Any signed core format (see :func:`get_format`): ``'e4m3'``,
       ``'e5m2'``, a simulated ``'e{E}m{M}'`` (``'e8m7'`` rounds as bf16,
-      ``'e8m23'`` changes nothing), ``'int8'``, ...
+      ``'e8m23'`` without scales changes nothing), ``'int8'``, ...
     rounding: ``'stochastic'`` (unbiased; the bits are a hash of ``seed``,
       the step and the element's position, so runs repeat) or
       ``'nearest'`` (half to even).
@@ -156,8 +156,8 @@ def quantize_gradients(
     del params
     return QuantizeGradientsState(count=jnp.zeros([], jnp.int32))
 
-  def update_fn(updates, state, params=None):
-    del params
+  def update_fn(updates, state, params=None, **extra_args):
+    del params, extra_args
     new = round_tree(updates, fmt, scale_mode=scale_mode,
                      block_size=block_size,
                      seed=seed if stochastic else None, step=state.count,
@@ -165,4 +165,4 @@ def quantize_gradients(
     return new, QuantizeGradientsState(
         count=optax.safe_increment(state.count))
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

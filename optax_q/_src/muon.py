@@ -76,15 +76,16 @@ def _check_layout_known(tx, formats) -> None:
 
 def muon(
     learning_rate: optax.ScalarOrSchedule,
+    ns_coeffs: Any = (3.4445, -4.775, 2.0315),
     ns_steps: int = 5,
-    beta: float = 0.95,
-    eps: float = 1e-8,
-    weight_decay: float = 0.0,
+    beta: jax.typing.ArrayLike = 0.95,
+    eps: jax.typing.ArrayLike = 1e-8,
+    weight_decay: jax.typing.ArrayLike = 0.0,
     weight_decay_mask: Any = None,
     *,
-    mu_format: Any = 'int8',
-    adam_mu_format: Any = 'int8_dynamic',
-    adam_nu_format: Any = 'int8_dynamic',
+    mu_format: str | formats_lib.Format = 'int8',
+    adam_mu_format: str | formats_lib.Format = 'int8_dynamic',
+    adam_nu_format: str | formats_lib.Format = 'int8_dynamic',
     rounding: str = 'stochastic',
     block_size: int | None = None,
     seed: int | None = None,
@@ -92,9 +93,9 @@ def muon(
     scale_mode: str | None = None,
     track_stalls: bool = False,
     nesterov: bool = True,
-    adam_b1: float = 0.9,
-    adam_b2: float = 0.999,
-    adam_weight_decay: float = 0.0,
+    adam_b1: jax.typing.ArrayLike = 0.9,
+    adam_b2: jax.typing.ArrayLike = 0.999,
+    adam_weight_decay: jax.typing.ArrayLike = 0.0,
     adam_learning_rate: optax.ScalarOrSchedule | None = None,
     muon_weight_dimension_numbers: Any = None,
     **muon_options: Any,
@@ -108,10 +109,12 @@ def muon(
   of the other parameters in ``adam_mu_format`` and ``adam_nu_format``
   (the bitsandbytes dynamic map by default). Arithmetic is float32: the
   momentum is decoded, updated and orthogonalized, then stored again. With
-  ``'fp32'`` formats this is ``optax.contrib.muon``, bit for bit.
+  ``'fp32'`` formats this is ``optax.contrib.muon``, bit for bit; its
+  positional arguments come in Optax's order.
 
   Args:
     learning_rate: A float or an Optax schedule.
+    ns_coeffs: Newton-Schulz coefficients, as in ``optax.contrib.muon``.
     ns_steps: Newton-Schulz iterations, as in ``optax.contrib.muon``.
     beta: Momentum decay, in [0, 1).
     eps: As in ``optax.contrib.muon``, >= 0.
@@ -136,7 +139,7 @@ def muon(
     muon_weight_dimension_numbers: Which parameters Muon trains and along
       which axes, as in ``optax.contrib.muon`` (None: every 2-D leaf).
     **muon_options: Further keyword arguments of ``optax.contrib.muon``
-      (``ns_coeffs``, ``adaptive``, ``consistent_rms``, ...).
+      (``adaptive``, ``consistent_rms``, ...).
 
   Returns:
     An Optax gradient transformation.
@@ -177,7 +180,8 @@ def muon(
                                                'adam_nu_format'),
   }
   make = functools.partial(
-      optax.contrib.muon, learning_rate, ns_steps=ns_steps, beta=beta,
+      optax.contrib.muon, learning_rate, ns_coeffs=ns_coeffs,
+      ns_steps=ns_steps, beta=beta,
       eps=eps, weight_decay=weight_decay,
       nesterov=validation.check_bool(nesterov, 'nesterov'), adam_b1=adam_b1,
       adam_b2=adam_b2, adam_weight_decay=adam_weight_decay,

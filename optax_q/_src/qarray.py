@@ -817,8 +817,13 @@ def round_trip(x: jax.Array, fmt: Format, *, scale_mode: str,
   precision; a float32 grid (``fp32``, ``e8m23``) returns ``x``."""
   if fmt.is_identity and scale_mode == 'none':
     return x
-  return decode(encode(x, fmt, scale_mode=scale_mode, block_size=block_size,
-                       key=key), x.dtype)
+  y = decode(encode(x, fmt, scale_mode=scale_mode, block_size=block_size,
+                    key=key))
+  if x.dtype != y.dtype:
+    # A grid value past a narrower leaf's range (65504 on a bf16 grid is
+    # 65536, infinite in float16) takes the leaf's largest value.
+    y = rounding_lib.saturate(y, float(jnp.finfo(x.dtype).max))
+  return y.astype(x.dtype)
 
 
 def encode_like(

@@ -117,19 +117,23 @@ def round_int(y: jax.Array, u: jax.Array | None) -> jax.Array:
   return low + (u >= jnp.float32(1.0) - (y - low)).astype(y.dtype)
 
 
-def saturate(y: jax.Array, max_value: float) -> jax.Array:
+def saturate(y: jax.Array, max_value: float, *,
+             infinities: bool = False) -> jax.Array:
   """``y`` with finite magnitudes above ``max_value`` set to it (float32).
 
   Compares bit patterns as integers: XLA:CPU evaluates float ``min``,
   ``max`` and comparisons with subnormals treated as zero (and rewrites a
   select on a float comparison into ``min``), which would flush a
   subnormal result (bf16 and ``e8m{M}`` grids hold float32's subnormals).
-  Infinities and NaN pass through.
+  Infinities and NaN pass through, unless ``infinities``: then infinities
+  saturate too (a rounding that carried a finite value into the infinity
+  pattern).
   """
   bits = lax.bitcast_convert_type(jnp.asarray(y, jnp.float32), _U32)
   mag = bits & _U32(0x7FFFFFFF)
   limit = int(np.float32(max_value).view(np.uint32))
-  over = (mag > _U32(limit)) & (mag < _U32(0x7F800000))
+  top = 0x7F800001 if infinities else 0x7F800000
+  over = (mag > _U32(limit)) & (mag < _U32(top))
   return lax.bitcast_convert_type(
       jnp.where(over, (bits & _U32(0x80000000)) | _U32(limit), bits),
       jnp.float32)
@@ -193,7 +197,10 @@ def round_float_grid(
     inv_ulp = lax.bitcast_convert_type(
         ((mantissa_bits - e + 127) << 23).astype(_U32), jnp.float32)
     y = round_int(ax * inv_ulp, u) * ulp
-  y = saturate(y, max_value)
+  # Rounding up from near float32's largest value may carry into the
+  # infinity pattern: a finite input saturates (infinite inputs are put
+  # back just below).
+  y = saturate(y, max_value, infinities=True)
   y = jnp.where(jnp.isfinite(x), y, ax)
   return jnp.copysign(y, x)
 

@@ -51,7 +51,7 @@ FormatSpec = Union[
 # caller declares others: signed codebooks are swapped for their unsigned
 # variant there, and an unsigned format is only accepted there.
 NONNEGATIVE_FIELDS = frozenset({
-    'nu', 'v', 'sum_of_squares', 'grad_sum_of_squares', 'nu_hat',
+    'nu', 'nu_max', 'v', 'sum_of_squares', 'grad_sum_of_squares', 'nu_hat',
     'exp_avg_sq', 'acc', 'e_g', 'e_x', 'v_row', 'v_col',
 })
 

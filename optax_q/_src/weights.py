@@ -508,9 +508,9 @@ def fake_quantize_params(
     del path
     key = (param_key(seed, step, index) if rounding == 'stochastic'
            else None)
-    q = qarray_lib.encode(jax.lax.stop_gradient(leaf), fmt,
-                          scale_mode=scale_mode, block_size=block_size,
-                          key=key)
-    return _straight_through(leaf, qarray_lib.decode(q, leaf.dtype))
+    rounded = qarray_lib.round_trip(
+        jax.lax.stop_gradient(leaf), fmt, scale_mode=scale_mode,
+        block_size=block_size, key=key)
+    return _straight_through(leaf, rounded)
 
   return _map_chosen(params, filter, fake)
