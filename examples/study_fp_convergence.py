@@ -427,7 +427,8 @@ def claims(result):
   summary = result['summary']
   mantissas = result['meta']['mantissas']
   out = {}
-  for problem in ('rosenbrock', 'mlp', 'gpt'):
+  present = {s['problem'] for s in summary}
+  for problem in [p for p in ('rosenbrock', 'mlp', 'gpt') if p in present]:
     ranked = {}
     for opt in OPTIMIZERS:
       # Sensitivity: the mean log-ratio to float32 over the swept M.
@@ -561,6 +562,64 @@ def _table(summary, problem, mantissas):
       ('optimizer', 'component', *(f'M={m}' for m in mantissas)), rows)
 
 
+def _runs_text(meta) -> str:
+  runs = meta.get('runs') or [_run_record(meta)]
+  return '\n'.join(
+      f"- `{r['command']}` (revision `{r['git_revision']}`, {r['date']}, "
+      f"{r['seconds']:.0f} s; sections: "
+      f"{', '.join(r.get('sections', ['all']))})" for r in runs)
+
+
+def _claims_text(claims) -> str:
+  """The claims as a table per problem, the scaling and 8-bit Muon."""
+  def order(x):
+    return ' > '.join(x) if x else '-'
+  rows = []
+  for problem in ('rosenbrock', 'mlp', 'gpt'):
+    c = claims.get(problem)
+    if c:
+      need = c['needed_mantissa_all']
+      rows.append((problem, order(c['adam_sensitivity_order']),
+                   order(c['muon_sensitivity_order']),
+                   'yes' if c['adam_most_sensitive_to_v_and_w'] else 'no',
+                   f"{need['adam']} / {need['muon']}",
+                   'yes' if c['muon_needs_fewer_bits'] else 'no'))
+  text = _common.markdown_table(
+      ('problem', 'Adam: most to least sensitive', 'Muon: same',
+       'Adam most sensitive to v and w', 'M needed, all (Adam / Muon)',
+       'Muon needs fewer bits'), rows)
+  scaling_rows = []
+  for key, v in claims.get('scaling', {}).items():
+    per = v['per_steps']
+    scaling_rows.append((key, *(f"{per[t]['needed_mantissa']}"
+                                for t in sorted(per, key=int)),
+                         '-' if v['bits_per_doubling_of_T'] is None
+                         else f"{v['bits_per_doubling_of_T']:.2f}"))
+  if scaling_rows:
+    steps = sorted(next(iter(claims['scaling'].values()))['per_steps'],
+                   key=int)
+    text += ('\n\n**Needed M against T** (Rosenbrock; the smallest M from '
+             'which every larger swept M is within the band):\n\n'
+             + _common.markdown_table(
+                 ('optimizer, component', *(f'T={t}' for t in steps),
+                  'bits per doubling of T'), scaling_rows))
+  muon = claims.get('muon8')
+  if muon:
+    muon_rows = [(name, f"{v['mean']:.4f}", f"{v['spread']:.4f}",
+                  f"{v['bits']:.2f}", f"{v['step_ms']:.1f}",
+                  '-' if 'delta' not in v else f"{v['delta']:+.4f}",
+                  '-' if 'within_fp32_spread' not in v else
+                  ('yes' if v['within_fp32_spread'] else 'no'))
+                 for name, v in muon.items()]
+    text += ('\n\n**8-bit Muon** (the LM benchmark; validation loss, mean '
+             'and spread over seeds; state bits per element from the real '
+             'buffers):\n\n' + _common.markdown_table(
+                 ('config', 'val loss', 'seed spread', 'state bits',
+                  'step ms', 'Δ vs muon fp32', 'within fp32 spread'),
+                 muon_rows))
+  return text
+
+
 def render_markdown(result):
   meta = result['meta']
   summary = result['summary']
@@ -578,10 +637,9 @@ def render_markdown(result):
 
 Written by `examples/study_fp_convergence.py`; do not edit.
 
-- Command: `{meta['command']}`
-- Revision: `{meta['git_revision']}`; date: {meta['date']}
-- Machine: {meta['machine']}
-- Seeds: {meta['seeds']}; {meta['seconds']:.0f} s
+{_runs_text(meta)}
+
+Machine: {meta['machine']}. Mode {meta['mode']}, seeds {meta['seeds']}.
 
 Each cell quantizes one component (`g` gradients, `w` forward weights, `m`
 first moment, `v` second moment) or all four to `e8m{{M}}` with stochastic
@@ -593,9 +651,10 @@ larger).
 {''.join(s + chr(10) for s in sections)}
 ## Claims
 
-```json
-{json.dumps(result['claims'], indent=1)}
-```
+Sensitivity: components ordered by the mean log-ratio of the metric to
+float32's over the swept M.
+
+{_claims_text(result['claims'])}
 """
 
 
@@ -608,10 +667,23 @@ def make_parser():
                  choices=['rosenbrock', 'mlp', 'gpt', 'scaling', 'muon8'])
   p.add_argument('--render', action='store_true',
                  help='only re-write the page and plots from the JSON')
+  p.add_argument('--update', action='store_true',
+                 help='re-run only --sections and replace their rows in '
+                 'the JSON in --out (its meta records every run)')
   p.add_argument('--data', default=None, help='a text file to train on '
                  '(default: the standard library corpus)')
   _common.add_out_argument(p, __file__)
   return p
+
+
+def _section(row) -> str:
+  return 'muon8' if row['problem'] == 'muon8' else row['problem']
+
+
+def _run_record(meta):
+  """The provenance of one run, from a page's meta."""
+  return {k: meta[k] for k in ('command', 'git_revision', 'date', 'machine',
+                               'seconds') if k in meta}
 
 
 def _finish(out: pathlib.Path, result) -> str:
@@ -638,12 +710,20 @@ def main(argv=None):
   mode = MODES[args.mode]
   revision = _common.git_revision()
   start = time.time()
-  rows = []
+  rows, runs = [], []
+  if args.update:
+    previous = json.loads((out / 'fp_convergence.json').read_text())
+    runs = previous['meta'].get('runs') or [_run_record(previous['meta'])]
+    rows = [r for r in previous['rows'] if _section(r) not in args.sections]
+    if previous['meta']['mode'] != args.mode:
+      raise SystemExit(f'--update: the JSON in {out} is mode '
+                       f"{previous['meta']['mode']!r}, not {args.mode!r}")
   corpus = None
   if {'gpt', 'muon8'} & set(args.sections):
     corpus = data.load_corpus(args.data)
   out.mkdir(parents=True, exist_ok=True)
   for section in args.sections:
+    rows = [r for r in rows if _section(r) != section]
     if section == 'rosenbrock':
       sweep(rosenbrock(), mode, mode.rosenbrock_steps, rows)
     elif section == 'mlp':
@@ -655,11 +735,13 @@ def main(argv=None):
     else:
       muon8(mode, corpus, rows)
     # Written after every section, so a long run keeps what it measured.
-    meta = dict(command=_common.command_line(__file__, argv),
+    this = dict(command=_common.command_line(__file__, argv),
                 git_revision=revision, date=_common.now_utc(),
-                machine=_common.machine(), mode=args.mode,
-                seeds=list(mode.seeds), mantissas=list(mode.mantissas),
-                sizes=dataclasses.asdict(mode), seconds=time.time() - start)
+                machine=_common.machine(), seconds=time.time() - start,
+                sections=list(args.sections))
+    meta = dict(this, mode=args.mode, seeds=list(mode.seeds),
+                mantissas=list(mode.mantissas),
+                sizes=dataclasses.asdict(mode), runs=[*runs, this])
     result = dict(meta=meta, rows=rows)
     md = _finish(out, result)
   print(json.dumps(result['claims'], indent=1))

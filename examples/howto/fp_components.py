@@ -75,8 +75,9 @@ def main(argv=None) -> bool:
   ok = True
   for name, make in (('muon', lambda: optax.contrib.muon(0.02)),
                      ('adamw', lambda: optax.adamw(3e-3))):
-    # fp8 gradients (e5m2) and forward weights (e4m3), a 3-bit-mantissa
-    # first moment, a bf16-like second moment; block scales by default.
+    # fp8 gradients (e5m2, block scales) and forward weights (e4m3, row
+    # scales), a first moment with a 3-bit mantissa and a bf16-like second
+    # moment (e8m{M}: float32's exponent range, no scales).
     q = optax_q.quantized_training(
         {'g': 'e5m2', 'w': 'e4m3', 'm': 'e8m3', 'v': 'e8m7'})
     _, _, fp32 = train(model, params, make(), None, args.steps)
