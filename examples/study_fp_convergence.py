@@ -79,7 +79,7 @@ class Mode:
 
 MODES = {
     'full': Mode(seeds=(0, 1, 2), mantissas=MANTISSAS, rosenbrock_steps=2000,
-                 mlp_steps=600, gpt_steps=300,
+                 mlp_steps=200, gpt_steps=300,
                  scaling_steps=(500, 2000, 8000),
                  scaling_mantissas=SCALING_MANTISSAS, muon8_steps=500,
                  gpt=dict(d_model=64, num_layers=2, num_heads=4, seq_len=64,
@@ -163,8 +163,10 @@ def mlp_digits() -> Problem:
   def metric(p):
     return train.classification_loss(model, p, (x, y))
 
+  # Rates at which neither optimizer has memorized the 1438 training
+  # images by the end (training loss near zero hides the differences).
   return Problem('mlp', init, loss, metric, 'final training loss',
-                 lr=dict(adam=3e-3, muon=2e-2))
+                 lr=dict(adam=1e-3, muon=1e-2))
 
 
 def gpt_dims(params):
