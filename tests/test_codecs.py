@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pytest
 
 import optax_q
 from optax_q._src import packing
@@ -178,14 +179,32 @@ class GridTest(parameterized.TestCase):
     self.assertGreater(pos.min(), 1e-7)
 
 
+# The default suite: each format once, the roundings in turn; the other
+# rounding of each format in the slow suite.
+_PAIRS = [(n, ('nearest', 'stochastic')[(i + j) % 2])
+          for i, n in enumerate(ALL_FORMATS) for j in range(2)]
+_PROPERTY = hypothesis.settings(
+    max_examples=12, deadline=None, derandomize=True,
+    suppress_health_check=list(hypothesis.HealthCheck))
+
+
 class CodecPropertyTest(parameterized.TestCase):
 
-  @parameterized.product(name=ALL_FORMATS,
-                         rounding=('nearest', 'stochastic'))
-  @hypothesis.settings(max_examples=12, deadline=None, derandomize=True,
-                       suppress_health_check=list(hypothesis.HealthCheck))
+  @parameterized.parameters(_PAIRS[::2])
+  @_PROPERTY
   @hypothesis.given(case=_cases())
   def test_error_within_grid_spacing(self, name, rounding, case):
+    self._check_error(name, rounding, case)
+
+  @parameterized.parameters(_PAIRS[1::2])
+  @pytest.mark.slow
+  @_PROPERTY
+  @hypothesis.given(case=_cases())
+  def test_error_within_grid_spacing_other_rounding(self, name, rounding,
+                                                    case):
+    self._check_error(name, rounding, case)
+
+  def _check_error(self, name, rounding, case):
     shape, block, scale, magnitude, seed = case
     fmt = optax_q.get_format(name)
     if scale == 'none' and fmt.kind != 'float':

@@ -73,7 +73,7 @@ class HowToTest(parameterized.TestCase):
     for name in scripts:
       self.assertIn(f'examples/howto/{name}.py', page)
     tested = {'nnx_checkpoint', 'linen_train_state', 'formats_and_schedules',
-              'shard_state', 'memory_budget', 'master_free'}
+              'shard_state', 'memory_budget', 'master_free', 'fp_components'}
     self.assertEqual(scripts, tested)
 
 

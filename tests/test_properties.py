@@ -83,7 +83,7 @@ def _stored_finite(q) -> bool:
 
 class CodecPropertyTest(absltest.TestCase):
 
-  @hypothesis.settings(max_examples=20 * SCALE, **SETTINGS)
+  @hypothesis.settings(max_examples=10 * SCALE, **SETTINGS)
   @hypothesis.given(x=arrays(min_rows=2), fmt=st.sampled_from(ALL),
                     scale=st.sampled_from(('block', 'row', 'tensor', None)),
                     block=st.sampled_from((2, 32, 128)),

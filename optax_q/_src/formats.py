@@ -600,7 +600,8 @@ def check_format(fmt: Any, name: str) -> Format:
     else:
       why = f'the suffix _ieee needs E >= 2, got E={ebits}'
     raise ValueError(
-        f'{name}={fmt!r}: a float grid e{{E}}m{{M}}[fn|_ieee] with {why}.')
+        f'Unknown format {name}={fmt!r}: a float grid e{{E}}m{{M}}[fn|_ieee] '
+        f'with {why}.')
   raise ValueError(f'Unknown format {name}={fmt!r}. Allowed: {_allowed()}.')
 
 

@@ -162,16 +162,10 @@ def muon(
     Gupta et al, `Effective Quantization of Muon Optimizer States
     <https://arxiv.org/abs/2509.23106>`_, 2025
   """
-  for value, name in ((beta, 'beta'), (adam_b1, 'adam_b1'),
-                      (adam_b2, 'adam_b2')):
-    validation.check_number(value, name, high=1.0)
-  for value, name in ((eps, 'eps'), (weight_decay, 'weight_decay'),
-                      (adam_weight_decay, 'adam_weight_decay')):
-    validation.check_number(value, name)
-  validation.check_number(learning_rate, 'learning_rate', schedule=True)
-  if adam_learning_rate is not None:
-    validation.check_number(adam_learning_rate, 'adam_learning_rate',
-                            schedule=True)
+  _check_numbers(learning_rate=learning_rate, beta=beta, eps=eps,
+                 weight_decay=weight_decay, adam_b1=adam_b1, adam_b2=adam_b2,
+                 adam_weight_decay=adam_weight_decay,
+                 adam_learning_rate=adam_learning_rate)
   ns_steps = validation.check_int(ns_steps, 'ns_steps', low=0)
   formats = {
       ('muon', 'mu'): _moment(mu_format, 'mu_format'),
@@ -200,6 +194,18 @@ def muon(
       min_size=min_size,
       block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
       scale_mode=scale_mode, track_stalls=track_stalls)
+
+
+def _check_numbers(**values: Any) -> None:
+  """Decay rates in [0, 1); the rest >= 0 (learning rates: or schedules)."""
+  for name, value in values.items():
+    if name in ('beta', 'adam_b1', 'adam_b2'):
+      validation.check_number(value, name, high=1.0)
+    elif name.endswith('learning_rate'):
+      if value is not None:
+        validation.check_number(value, name, schedule=True)
+    else:
+      validation.check_number(value, name)
 
 
 def _moment(fmt: Any, name: str) -> formats_lib.Format:
