@@ -350,9 +350,9 @@ class StochasticRoundingTest(parameterized.TestCase):
 
   def test_unbiased_over_steps_at_one_element(self):
     x = jnp.array([1.0, 0.3])
-    draws = jnp.stack([optax_q.dequantize(optax_q.quantize(
-        x, 'int4', rounding='stochastic', seed=0, step=s))[1]
-                       for s in range(2000)])
+    draws = jax.jit(jax.vmap(lambda s: optax_q.dequantize(optax_q.quantize(
+        x, 'int4', rounding='stochastic', seed=0, step=s))[1]))(
+            jnp.arange(2000))
     # 0.3 * 7 = 2.1 -> 2/7 or 3/7 with p(up) = 0.1.
     self.assertLen(np.unique(np.asarray(draws)), 2)
     self.assertAlmostEqual(float(draws.mean()), 0.3, delta=0.01)
