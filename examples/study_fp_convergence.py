@@ -411,17 +411,22 @@ def summarize(rows):
   return out
 
 
-def needed_mantissa(summary, problem, opt, component, mantissas):
-  """The smallest M from which every larger swept M is within float32."""
-  ok = {s['mantissa']: s['within'] for s in summary
-        if (s['problem'], s['optimizer'], s['component']) == (
-            problem, opt, component)}
+def _smallest_within(ok: dict[int, bool], mantissas) -> int | None:
+  """The smallest M from which every larger swept M is within the band."""
   needed = None
   for m in sorted(mantissas, reverse=True):
     if not ok.get(m, False):
       break
     needed = m
   return needed
+
+
+def needed_mantissa(summary, problem, opt, component, mantissas):
+  """:func:`_smallest_within` for one sweep of the summary."""
+  return _smallest_within(
+      {s['mantissa']: s['within'] for s in summary
+       if (s['problem'], s['optimizer'], s['component']) == (
+           problem, opt, component)}, mantissas)
 
 
 def claims(result):
@@ -473,12 +478,7 @@ def scaling_claim(result):
       ref = next(r['values'] for r in sel if r['component'] == 'fp32')
       ok = {r['mantissa']: _within('scaling', _mean(r['values']), ref)
             for r in sel if r['component'] != 'fp32'}
-      needed = None
-      for m in sorted(ok, reverse=True):
-        if not ok[m]:
-          break
-        needed = m
-      per_t[steps] = dict(needed_mantissa=needed,
+      per_t[steps] = dict(needed_mantissa=_smallest_within(ok, ok),
                           fp32_grad_norm=_mean(ref))
     ts = [t for t, v in per_t.items() if v['needed_mantissa'] is not None]
     slope = None

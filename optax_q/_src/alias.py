@@ -55,12 +55,9 @@ def _moment_formats(field_formats: dict[str, Any]) -> dict[str, Any]:
   """``{field: Format or None}`` from ``{argname: (field, format)}``."""
   out = {}
   for argname, (field, fmt) in field_formats.items():
-    fmt = formats_lib.check_format(fmt, argname) if fmt is not None else None
-    if fmt is not None and not fmt.signed and field != 'nu':
-      raise ValueError(
-          f'{argname}={fmt.name!r} is unsigned (no negative values); '
-          f'{argname} needs a signed format such as fp8_e4m3 or int8_dynamic.')
-    out[field] = fmt
+    check = (formats_lib.check_format if field == 'nu'
+             else formats_lib.check_signed_format)
+    out[field] = None if fmt is None else check(fmt, argname)
   return out
 
 

@@ -70,7 +70,7 @@ def _check_format(value: Any, component: str) -> formats_lib.Format | None:
   name = f'formats[{component!r}]'
   if component == 'v':
     return formats_lib.check_format(value, name)
-  return gradients.check_signed_format(value, name)
+  return formats_lib.check_signed_format(value, name)
 
 
 def _check_mode(mode: Any, component: str, fmt) -> str | None:

@@ -605,6 +605,19 @@ def check_format(fmt: Any, name: str) -> Format:
   raise ValueError(f'Unknown format {name}={fmt!r}. Allowed: {_allowed()}.')
 
 
+def check_signed_format(fmt: Any, name: str) -> Format:
+  """:func:`check_format` for values that may be negative (gradients,
+  weights, first moments): an unsigned grid is a ``ValueError`` naming
+  ``name``."""
+  fmt = check_format(fmt, name)
+  if not fmt.signed:
+    raise ValueError(
+        f'{name}={fmt.name!r} is unsigned (no negative values); {name} '
+        'needs a signed format such as e4m3, int8, int8_dynamic, nf4 or '
+        'bf16.')
+  return fmt
+
+
 def unsigned_variant(fmt: str | Format) -> Format:
   """The variant of ``fmt`` used for non-negative states (second moments).
 

@@ -50,16 +50,6 @@ class QuantizeGradientsState(NamedTuple):
   count: jax.Array
 
 
-def check_signed_format(fmt: Any, name: str) -> formats_lib.Format:
-  """A core format that holds negative values, or a ``ValueError``."""
-  fmt = formats_lib.check_format(fmt, name)
-  if not fmt.signed:
-    raise ValueError(
-        f'{name}={fmt.name!r} is unsigned (no negative values); use a '
-        'signed format such as e4m3, e5m2, e8m7, int8 or fp8_e4m3.')
-  return fmt
-
-
 def _layout(fmt: formats_lib.Format, scale_mode: Any, name: str) -> str:
   scale_mode = validation.check_scale(
       qarray_lib.default_scale_mode(fmt) if scale_mode is None
@@ -145,7 +135,7 @@ def quantize_gradients(
     Tang et al, `A Convergence Analysis of Adaptive Optimizers under
     Floating-point Quantization <https://arxiv.org/abs/2510.21314>`_, 2025
   """
-  fmt = check_signed_format(fmt, 'fmt')
+  fmt = formats_lib.check_signed_format(fmt, 'fmt')
   scale_mode = _layout(fmt, scale_mode, 'scale_mode')
   block_size = validation.check_block_size(block_size)
   rounding = validation.check_rounding(rounding)

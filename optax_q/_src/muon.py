@@ -162,14 +162,17 @@ def muon(
     Gupta et al, `Effective Quantization of Muon Optimizer States
     <https://arxiv.org/abs/2509.23106>`_, 2025
   """
-  _check_numbers(learning_rate=learning_rate, beta=beta, eps=eps,
-                 weight_decay=weight_decay, adam_b1=adam_b1, adam_b2=adam_b2,
-                 adam_weight_decay=adam_weight_decay,
-                 adam_learning_rate=adam_learning_rate)
+  _check_numbers(
+      decays=dict(beta=beta, adam_b1=adam_b1, adam_b2=adam_b2),
+      nonnegative=dict(eps=eps, weight_decay=weight_decay,
+                       adam_weight_decay=adam_weight_decay),
+      rates=dict(learning_rate=learning_rate,
+                 adam_learning_rate=adam_learning_rate))
   ns_steps = validation.check_int(ns_steps, 'ns_steps', low=0)
   formats = {
-      ('muon', 'mu'): _moment(mu_format, 'mu_format'),
-      ('adam', 'mu'): _moment(adam_mu_format, 'adam_mu_format'),
+      ('muon', 'mu'): formats_lib.check_signed_format(mu_format, 'mu_format'),
+      ('adam', 'mu'): formats_lib.check_signed_format(
+          adam_mu_format, 'adam_mu_format'),
       ('adam', 'nu'): formats_lib.check_format(adam_nu_format,
                                                'adam_nu_format'),
   }
@@ -196,22 +199,13 @@ def muon(
       scale_mode=scale_mode, track_stalls=track_stalls)
 
 
-def _check_numbers(**values: Any) -> None:
-  """Decay rates in [0, 1); the rest >= 0 (learning rates: or schedules)."""
-  for name, value in values.items():
-    if name in ('beta', 'adam_b1', 'adam_b2'):
-      validation.check_number(value, name, high=1.0)
-    elif name.endswith('learning_rate'):
-      if value is not None:
-        validation.check_number(value, name, schedule=True)
-    else:
-      validation.check_number(value, name)
-
-
-def _moment(fmt: Any, name: str) -> formats_lib.Format:
-  fmt = formats_lib.check_format(fmt, name)
-  if not fmt.signed:
-    raise ValueError(
-        f'{name}={fmt.name!r} is unsigned (no negative values); {name} '
-        'needs a signed format such as int8, int4 or fp8_e4m3.')
-  return fmt
+def _check_numbers(*, decays, nonnegative, rates) -> None:
+  """Decay rates in [0, 1); the others >= 0; learning rates >= 0 or
+  schedules (None: unset)."""
+  for name, value in decays.items():
+    validation.check_number(value, name, high=1.0)
+  for name, value in nonnegative.items():
+    validation.check_number(value, name)
+  for name, value in rates.items():
+    if value is not None:
+      validation.check_number(value, name, schedule=True)

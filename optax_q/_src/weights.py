@@ -182,13 +182,7 @@ def check_filter(filter: Filter, name: str = 'filter'  # pylint: disable=redefin
 
 def check_weight_format(fmt: Any, name: str = 'fmt') -> formats_lib.Format:
   """A core format that can hold negative weights."""
-  fmt = formats_lib.check_format(fmt, name)
-  if not fmt.signed:
-    raise ValueError(
-        f'{name}={fmt.name!r} is unsigned (no negative values) and cannot '
-        'hold weights; use a signed format such as fp8_e4m3, int4, int8, '
-        'nf4 or bf16.')
-  return fmt
+  return formats_lib.check_signed_format(fmt, name)
 
 
 def default_weight_scale_mode(fmt: formats_lib.Format) -> str:
