@@ -47,7 +47,13 @@ from optax_q._src.resets import reset_where
 from optax_q._src.resets import ResetState
 from optax_q._src.resets import scale_by_adam_local_age
 from optax_q._src.resets import ScaleByAdamLocalAgeState
+from optax_q._src.shampoo import scale_by_shampoo
+from optax_q._src.shampoo import ScaleByShampooState
+from optax_q._src.shampoo import shampoo
 from optax_q._src.sharding import state_shardings
+from optax_q._src.soap import scale_by_soap
+from optax_q._src.soap import ScaleBySoapState
+from optax_q._src.soap import soap
 from optax_q._src.telemetry import stall_fraction
 from optax_q._src.telemetry import state_bits_per_element
 from optax_q._src.telemetry import state_nbytes
@@ -89,6 +95,8 @@ __all__ = (
     'QuantizedTraining',
     'ResetState',
     'ScaleByAdamLocalAgeState',
+    'ScaleByShampooState',
+    'ScaleBySoapState',
     'StorageConfig',
     'ZONES',
     'adam',
@@ -123,7 +131,11 @@ __all__ = (
     'reset_state',
     'reset_where',
     'scale_by_adam_local_age',
+    'scale_by_shampoo',
+    'scale_by_soap',
     'sgd',
+    'shampoo',
+    'soap',
     'stall_fraction',
     'stall_probability',
     'startup_window',

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_q._src import formats as formats_lib
+from optax_q._src import preconditioner
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import state_tree
 from optax_q._src import theory
@@ -63,6 +64,7 @@ QArray = qarray_lib.QArray
 ADAPTIVE = 'adaptive'
 AUTO = 'auto'
 ADAM_MOMENTS = ('mu', 'nu')
+RESET_VALUES = ('zeros', 'identity')
 MAX_PERIOD = validation.MAX_PERIOD
 
 
@@ -109,6 +111,29 @@ def _select(pred: jax.Array, x: Any) -> Any:
   if not hasattr(x, 'dtype'):
     return x
   return jnp.where(pred, jnp.zeros_like(x), x)
+
+
+def _select_identity(pred: jax.Array, x: Any, weight: Any) -> Any:
+  """``x`` where not ``pred``; where it is, every trailing square matrix
+  replaced by ``weight`` times its mean diagonal times the identity (the
+  reset of a factor statistic, whose inverse root zero would break)."""
+  if not (qarray_lib.is_qarray(x) or hasattr(x, 'dtype')):
+    return x
+  if len(x.shape) < 2 or x.shape[-1] != x.shape[-2]:
+    raise ValueError(
+        f"reset_to='identity' needs square matrices in its last two axes; "
+        f'got a state leaf of shape {tuple(x.shape)}.')
+
+  def reset(v):
+    if not qarray_lib.is_qarray(v):
+      return preconditioner.identity_like(v, weight).astype(v.dtype)
+    new = qarray_lib.encode_like(v, preconditioner.identity_like(
+        qarray_lib.decode(v), weight), key=None)
+    return dataclasses.replace(
+        new, codes=new.codes.astype(v.codes.dtype),
+        scale=None if new.scale is None else new.scale.astype(v.scale.dtype))
+
+  return jax.lax.cond(pred, reset, lambda v: v, x)
 
 
 def _check_where(where: Any, fields: tuple[str, ...]) -> dict[str, jax.Array]:
@@ -231,6 +256,7 @@ class _Plan(NamedTuple):
     decay: :math:`\\beta` of the adaptive rule.
     s0: Staleness tolerance of the adaptive rule.
     p_ss: Steady-state stall normaliser of the adaptive rule.
+    reset_to: ``{field: 'identity'}`` of fields not reset to zero.
   """
 
   periods: dict[str, Any]
@@ -239,14 +265,31 @@ class _Plan(NamedTuple):
   decay: Any
   s0: Any
   p_ss: float
+  reset_to: dict[str, str]
 
   @property
   def targets(self) -> frozenset[str]:
     return frozenset(self.periods) | frozenset(self.counters)
 
 
-def _plan(every, name, *, fields, counters, groups, decay, s0, p_ss
-          ) -> _Plan:
+def _check_reset_to(reset_to: Any, periods: Mapping[str, Any]
+                    ) -> dict[str, str]:
+  """``{field: 'identity'}`` from ``reset_to`` (checked; 'zeros' dropped)."""
+  if reset_to is None:
+    return {}
+  out = validation.check_field_map(
+      reset_to, 'reset_to', lambda f, v: validation.check_choice(
+          v, f'reset_to[{f!r}]', RESET_VALUES), 'a dict {field: value}')
+  unknown = sorted(set(out) - set(periods))
+  if unknown:
+    raise ValueError(
+        f'reset_to names field(s) {unknown} that are not reset; the fields '
+        f'to reset are {sorted(periods)}.')
+  return {f: v for f, v in out.items() if v != 'zeros'}
+
+
+def _plan(every, name, *, fields, counters, groups, decay, s0, p_ss,
+          reset_to=None) -> _Plan:
   """Checks :func:`reset_state`'s arguments (not yet against the state)."""
   named = _check_every(every, fields, name)
   periods = {f: p for f, p in named.items() if p is not None}
@@ -261,7 +304,8 @@ def _plan(every, name, *, fields, counters, groups, decay, s0, p_ss
   for f, cs in _check_counters(counters, tuple(named)).items():
     for c in cs if f in periods else ():
       counter_map.setdefault(c, []).append(f)
-  return _Plan(periods, counter_map, groups, decay, s0, p_ss)
+  return _Plan(periods, counter_map, groups, decay, s0, p_ss,
+               _check_reset_to(reset_to, periods))
 
 
 def _check_plan(plan: _Plan, inner, counters_given: bool) -> None:
@@ -389,6 +433,8 @@ def _reset_update(plan: _Plan, inner_ex, updates, state: ResetState,
   def reset_leaf(name, x):
     if name is None:
       return x
+    if name in plan.reset_to:
+      return _select_identity(flags[name], x, 1 - plan.decay)
     if name in plan.periods:
       return _select(flags[name], x)
     flag = jnp.zeros([], bool)
@@ -421,6 +467,7 @@ def reset_state(
     decay: float = 0.999,
     s0: float = 0.6,
     p_ss: float = 1.0,
+    reset_to: Mapping[str, str] | None = None,
     every: Any = validation.UNSET,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Resets chosen fields of ``inner``'s state on a schedule.
@@ -478,6 +525,14 @@ def reset_state(
     s0: Staleness tolerance of adaptive resets, in ``(0, 1)``.
     p_ss: The steady-state stall normaliser :math:`P_{ss}` of adaptive
       resets, in ``(0, 1]`` (the paper fixes 1).
+    reset_to: ``{field: 'zeros' | 'identity'}``: what a reset field is
+      set to (unlisted: ``'zeros'``). ``'identity'`` is for factor
+      statistics of Shampoo and SOAP (square matrices in the last two
+      axes), whose inverse root or power iteration zero would break: each
+      matrix becomes :math:`(1 - \beta)\,\overline{\mathrm{diag}}\, I`
+      (``decay`` is :math:`\beta`), a ridge worth one update of its mean
+      eigenvalue, which the local-age bias correction then weighs like one
+      of the gradients seen since the reset.
     every: Deprecated name of ``reset_every``.
 
   Returns:
@@ -514,7 +569,7 @@ def reset_state(
   name, every = validation.renamed('every', every, 'reset_every',
                                    reset_every)
   plan = _plan(every, name, fields=fields, counters=counters, groups=groups,
-               decay=decay, s0=s0, p_ss=p_ss)
+               decay=decay, s0=s0, p_ss=p_ss, reset_to=reset_to)
   _check_plan(plan, inner, counters is not None)
   inner_ex = optax.with_extra_args_support(inner)
   return optax.GradientTransformationExtraArgs(

@@ -1,0 +1,367 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""SOAP: Adam in the eigenbasis of Shampoo's factor statistics.
+
+``scale_by_soap`` is plain float32 arithmetic on a state whose every
+statistic is a separate field (see :mod:`optax_q._src.shampoo`);
+:func:`optax_q.soap` stores them in low precision and resets them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from optax_q._src import formats as formats_lib
+from optax_q._src import preconditioner as pc
+from optax_q._src import second_order
+
+
+class ScaleBySoapState(NamedTuple):
+  """State of :func:`scale_by_soap`.
+
+  For every parameter of rank >= 2, ``mu`` and ``nu`` are block stacks
+  ``(grid_rows, grid_cols, rows, cols)`` in the rotated coordinates and the
+  matrix fields stacks ``(grid_rows, grid_cols, n, n)``; for the others
+  ``mu`` and ``nu`` are shaped like the parameter and the matrix fields are
+  ``optax.MaskedNode``.
+
+  Attributes:
+    count: Updates so far (int32); the bases refresh when it is a multiple
+      of ``precondition_frequency``.
+    mu: Adam's first moment, in the current eigenbasis.
+    nu: Adam's second moment, in the current eigenbasis.
+    stats_l: Left factor statistics ``Q_L^T EMA[G G^T] Q_L``.
+    stats_r: Right factor statistics, likewise.
+    eigvecs_l: Left eigenbases (orthogonal).
+    eigvecs_r: Right eigenbases.
+    count_mu: Updates of ``mu`` since its last reset.
+    count_nu: Updates of ``nu`` since its last reset.
+    count_stats_l: Updates of ``stats_l`` since its last reset.
+    count_stats_r: Updates of ``stats_r`` since its last reset.
+  """
+
+  count: jax.Array
+  mu: Any
+  nu: Any
+  stats_l: Any
+  stats_r: Any
+  eigvecs_l: Any
+  eigvecs_r: Any
+  count_mu: jax.Array
+  count_nu: jax.Array
+  count_stats_l: jax.Array
+  count_stats_r: jax.Array
+
+
+def _moment_shape(p, max_dim: int):
+  lay = pc.layout(p.shape, max_dim)
+  return p.shape if lay is None else lay.blocks_shape
+
+
+def _init(cfg: pc.Settings, params) -> ScaleBySoapState:
+  zeros = lambda: jax.tree.map(lambda p: jnp.zeros(
+      _moment_shape(p, cfg.max_dim), jnp.float32), params)
+  z = pc.zero_count
+  return ScaleBySoapState(
+      count=z(), mu=zeros(), nu=zeros(),
+      stats_l=pc.zeros_tree(params, cfg.max_dim, 'l'),
+      stats_r=pc.zeros_tree(params, cfg.max_dim, 'r'),
+      eigvecs_l=pc.eye_tree(params, cfg.max_dim, 'l'),
+      eigvecs_r=pc.eye_tree(params, cfg.max_dim, 'r'),
+      count_mu=z(), count_nu=z(), count_stats_l=z(), count_stats_r=z())
+
+
+class _Block(NamedTuple):
+  """A matrix parameter's moments, statistics and bases in one basis."""
+
+  mu: jax.Array
+  nu: jax.Array
+  s_l: jax.Array
+  s_r: jax.Array
+  q_l: jax.Array
+  q_r: jax.Array
+
+
+def _first_basis(b: _Block, lay: pc.Layout) -> _Block:
+  """The first refresh: eigenbases of the statistics (the moments are
+  still zero)."""
+  left = pc.eigh(b.s_l, b.q_l, lay.padding('l'))
+  right = pc.eigh(b.s_r, b.q_r, lay.padding('r'))
+  keep = lambda ok, new, old: jnp.where(ok[..., None, None], new, old)
+  return b._replace(
+      s_l=keep(left.ok, pc.diag_embed(left.values), b.s_l),
+      s_r=keep(right.ok, pc.diag_embed(right.values), b.s_r),
+      q_l=left.vectors, q_r=right.vectors)
+
+
+def _power_basis(b: _Block, lay: pc.Layout) -> _Block:
+  """A later refresh: one QR power iteration per side; the first moment
+  rotated into the new basis, the second permuted with its columns."""
+  left = pc.power_qr(b.s_l, b.q_l, lay.padding('l'))
+  right = pc.power_qr(b.s_r, b.q_r, lay.padding('r'))
+  r_l = pc.mm(jnp.swapaxes(left.vectors, -1, -2), b.q_l)
+  r_r = pc.mm(jnp.swapaxes(right.vectors, -1, -2), b.q_r)
+  return _Block(
+      mu=pc.mm(pc.mm(r_l, b.mu), jnp.swapaxes(r_r, -1, -2)),
+      nu=pc.permute(b.nu, left.order, right.order),
+      s_l=pc.change_basis(b.s_l, b.q_l, left.vectors),
+      s_r=pc.change_basis(b.s_r, b.q_r, right.vectors),
+      q_l=left.vectors, q_r=right.vectors)
+
+
+def _matrix(cfg: pc.Settings, count, ages, g, mu, nu, s_l, s_r, q_l, q_r):
+  """One parameter of rank >= 2: its update and new state."""
+  age_mu, age_nu = ages
+  lay = pc.layout(g.shape, cfg.max_dim)
+  blocks = pc.to_blocks(g, lay)
+  b = _Block(mu, nu, s_l, s_r, pc.rectify(q_l, cfg.rectify_steps),
+             pc.rectify(q_r, cfg.rectify_steps))
+  s_l, s_r = pc.update_stats(b.s_l, b.s_r, pc.rotate(blocks, b.q_l, b.q_r),
+                             cfg.beta)
+  b = b._replace(s_l=s_l, s_r=s_r)
+  refreshed = jax.lax.cond(
+      pc.is_refresh(count, cfg.frequency),
+      lambda x: jax.lax.cond(count == 0,
+                             functools.partial(_first_basis, lay=lay),
+                             functools.partial(_power_basis, lay=lay), x),
+      lambda x: x, b)
+  # The stored bases change only at a refresh: a decoded basis is stored
+  # back as it was decoded, so its codes do not drift.
+  changed = pc.is_refresh(count, cfg.frequency)
+  g_rot = pc.rotate(blocks, refreshed.q_l, refreshed.q_r)
+  mu = pc.ema(refreshed.mu, g_rot, cfg.b1)
+  nu = pc.ema(refreshed.nu, g_rot * g_rot, cfg.b2)
+  direction = pc.adam_direction(pc.debias(mu, cfg.b1, age_mu),
+                                pc.debias(nu, cfg.b2, age_nu), cfg.eps)
+  direction = pc.unrotate(direction, refreshed.q_l, refreshed.q_r)
+  return (pc.from_blocks(direction, lay), mu, nu, refreshed.s_l,
+          refreshed.s_r, jnp.where(changed, refreshed.q_l, q_l),
+          jnp.where(changed, refreshed.q_r, q_r))
+
+
+def _vector(cfg: pc.Settings, ages, g, mu, nu):
+  """A parameter of rank < 2: Adam."""
+  age_mu, age_nu = ages
+  mu = pc.ema(mu, g, cfg.b1)
+  nu = pc.ema(nu, g * g, cfg.b2)
+  return pc.adam_direction(pc.debias(mu, cfg.b1, age_mu),
+                           pc.debias(nu, cfg.b2, age_nu), cfg.eps), mu, nu
+
+
+def _update(cfg: pc.Settings, updates, state, params=None):
+  del params
+  age_mu, age_nu, age_l, age_r = pc.ages(
+      state.count_mu, state.count_nu, state.count_stats_l,
+      state.count_stats_r)
+  del age_l, age_r  # The bases do not depend on the statistics' scale.
+
+  def leaf(g, mu, nu, s_l, s_r, q_l, q_r):
+    g = g.astype(jnp.float32)
+    if pc.is_masked(s_l):
+      return _vector(cfg, (age_mu, age_nu), g, mu, nu) + (s_l, s_r, q_l, q_r)
+    return _matrix(cfg, state.count, (age_mu, age_nu), g, mu, nu, s_l, s_r,
+                   q_l, q_r)
+
+  out = jax.tree.map(leaf, updates, state.mu, state.nu, state.stats_l,
+                     state.stats_r, state.eigvecs_l, state.eigvecs_r)
+  treedef = jax.tree.structure(updates)
+  parts = [treedef.unflatten(p) for p in zip(*treedef.flatten_up_to(out))]
+  new_updates = jax.tree.map(lambda n, u: n.astype(u.dtype), parts[0],
+                             updates)
+  return new_updates, ScaleBySoapState(
+      count=optax.safe_increment(state.count), mu=parts[1], nu=parts[2],
+      stats_l=parts[3], stats_r=parts[4], eigvecs_l=parts[5],
+      eigvecs_r=parts[6], count_mu=age_mu, count_nu=age_nu,
+      count_stats_l=optax.safe_increment(state.count_stats_l),
+      count_stats_r=optax.safe_increment(state.count_stats_r))
+
+
+def scale_by_soap(
+    b1: jax.typing.ArrayLike = 0.95,
+    b2: jax.typing.ArrayLike = 0.95,
+    eps: jax.typing.ArrayLike = 1e-8,
+    *,
+    max_preconditioner_dim: int = 1024,
+    precondition_frequency: int = 10,
+    shampoo_beta: jax.typing.ArrayLike | None = None,
+    rectify_steps: int = 0,
+) -> optax.GradientTransformation:
+  r"""SOAP: Adam run in the eigenbasis of Shampoo's factor statistics.
+
+  For a parameter of rank >= 2, read as a matrix and cut into blocks as in
+  :func:`optax_q.scale_by_shampoo`, each block keeps the factor statistics
+  :math:`L = \mathrm{EMA}_\beta[G G^T]`, :math:`R = \mathrm{EMA}_\beta[G^T
+  G]` and orthogonal bases :math:`Q_L, Q_R`, and runs Adam on the rotated
+  gradient :math:`G' = Q_L^T G Q_R`, rotating the result back:
+  :math:`Q_L (\hat m' / (\sqrt{\hat v'} + \epsilon)) Q_R^T`. Every
+  ``precondition_frequency`` updates (the first included) the bases are
+  refreshed, before the moments take the new gradient: the first time as
+  the eigenvectors of the statistics, later by one QR power iteration
+  :math:`Q \leftarrow \mathrm{qr}(L Q)` on the columns sorted by their
+  estimated eigenvalues :math:`\mathrm{diag}(Q^T L Q)`. The first moment is
+  rotated into the new basis exactly; the second moment is permuted with
+  the columns (Vyas et al., Algorithm 4). Parameters of rank < 2 take plain
+  Adam. Unlike the reference implementation, the first update already
+  moves the parameters (in the first basis).
+
+  The statistics are held in the current basis (:math:`Q_L^T L Q_L`),
+  which a power iteration reads without forming :math:`L`. A refresh whose
+  statistic or result is not finite keeps that block's last good basis.
+
+  Args:
+    b1: EMA decay of the first moment, in [0, 1).
+    b2: EMA decay of the second moment, in [0, 1).
+    eps: Adam's epsilon, >= 0.
+    max_preconditioner_dim: Largest block side, an int in [1, 65536].
+    precondition_frequency: Updates between refreshes, an int >= 1.
+    shampoo_beta: EMA decay of the factor statistics, in [0, 1); None:
+      ``b2``.
+    rectify_steps: Björck iterations applied to the stored bases before
+      use, in [0, 8]: 1 when they are stored quantized.
+
+  Returns:
+    A gradient transformation whose state is a :class:`ScaleBySoapState`;
+    chain it with weight decay and a learning rate, or use
+    :func:`optax_q.soap`.
+
+  Raises:
+    ValueError: at construction, naming the bad argument and the allowed
+      values.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.scale_by_soap(max_preconditioner_dim=64)
+    >>> state = tx.init({'w': jnp.zeros((64, 128)), 'b': jnp.zeros(128)})
+    >>> state.mu['w'].shape, state.mu['b'].shape
+    ((1, 2, 64, 64), (128,))
+    >>> updates, state = tx.update({'w': jnp.ones((64, 128)),
+    ...                             'b': jnp.ones(128)}, state)
+
+  References:
+    Vyas et al, `SOAP: Improving and Stabilizing Shampoo using Adam
+    <https://arxiv.org/abs/2409.11321>`_, 2024
+  """
+  cfg = pc.check_settings(
+      b1=b1, b2=b2, eps=eps, shampoo_beta=shampoo_beta,
+      max_preconditioner_dim=max_preconditioner_dim,
+      precondition_frequency=precondition_frequency, matrix_eps=1.0,
+      rectify_steps=rectify_steps)
+  return optax.GradientTransformation(
+      functools.partial(_init, cfg), functools.partial(_update, cfg))
+
+
+def soap(
+    learning_rate: optax.ScalarOrSchedule,
+    b1: jax.typing.ArrayLike = 0.95,
+    b2: jax.typing.ArrayLike = 0.95,
+    eps: jax.typing.ArrayLike = 1e-8,
+    weight_decay: jax.typing.ArrayLike = 0.0,
+    weight_decay_mask: Any = None,
+    *,
+    max_preconditioner_dim: int = 1024,
+    precondition_frequency: int = 10,
+    shampoo_beta: jax.typing.ArrayLike | None = None,
+    mu_format: str | formats_lib.Format = 'int8_dynamic',
+    nu_format: str | formats_lib.Format = 'int8_dynamic',
+    stats_format: str | formats_lib.Format = 'int8',
+    eigvecs_format: str | formats_lib.Format = 'int8',
+    rounding: str = 'stochastic',
+    block_size: int | None = None,
+    seed: int | None = None,
+    min_size: int | None = None,
+    reset_every: int | dict[str, int | None] | None = None,
+    track_stalls: bool = False,
+) -> optax.GradientTransformation:
+  """SOAP with low-bit, resettable state.
+
+  :func:`scale_by_soap` stored by :func:`quantize_state`, each field in its
+  own format: Adam's moments (in the rotated coordinates) in ``mu_format``
+  and ``nu_format``, the factor statistics in ``stats_format`` with one
+  scale per row, the eigenbases in ``eigvecs_format`` rounded to nearest
+  and rectified by one Björck iteration on use. Then decoupled weight decay
+  and the learning rate. With ``'fp32'`` formats it is ``scale_by_soap``
+  chained with ``optax.add_decayed_weights`` and
+  ``optax.scale_by_learning_rate``.
+
+  ``reset_every`` resets the moments to zero and the factor statistics to
+  a scaled identity, with local-age bias correction; the staleness paper
+  resets SOAP's statistics with the moments' period, which makes FP8
+  SOAP train (its Table 7; Topollai & Choromanska, 2026).
+
+  Args:
+    learning_rate: A float or an Optax schedule.
+    b1: First-moment decay, in [0, 1).
+    b2: Second-moment decay, in [0, 1).
+    eps: Adam's epsilon, >= 0.
+    weight_decay: Decoupled weight decay, >= 0.
+    weight_decay_mask: As in ``optax.add_decayed_weights``.
+    max_preconditioner_dim: Largest block side, an int in [1, 65536].
+    precondition_frequency: Updates between refreshes, an int >= 1.
+    shampoo_beta: EMA decay of the factor statistics; None: ``b2``.
+    mu_format: Format of the first moment; signed.
+    nu_format: Format of the second moment.
+    stats_format: Format of the factor statistics; signed.
+    eigvecs_format: Format of the eigenbases; signed, at least 4 bits.
+    rounding: ``'stochastic'`` or ``'nearest'`` for the moments and
+      statistics (the bases always round to nearest).
+    block_size: Elements per scale of block-scaled formats; None: 128.
+    seed: Seed of the stochastic rounding; None: 0.
+    min_size: Leaves with fewer elements stay float32; None: 4096.
+    reset_every: None (no resets), a period for the moments and the
+      statistics, or a dict ``{'mu' | 'nu' | 'stats': period or None}``.
+    track_stalls: Record the stalled fraction of each quantized leaf.
+
+  Returns:
+    An Optax gradient transformation.
+
+  Raises:
+    ValueError: at construction, naming the bad argument and the allowed
+      values.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> params = {'w': jnp.zeros((256, 256)), 'b': jnp.zeros(256)}
+    >>> tx = optax_q.soap(3e-3, max_preconditioner_dim=128,
+    ...                   stats_format='fp8_e4m3', eigvecs_format='fp8_e4m3',
+    ...                   mu_format='fp8_e4m3', nu_format='fp8_e4m3',
+    ...                   reset_every=300)
+    >>> state = tx.init(params)
+
+  References:
+    Vyas et al, `SOAP: Improving and Stabilizing Shampoo using Adam
+    <https://arxiv.org/abs/2409.11321>`_, 2024
+
+    Topollai & Choromanska, `Understanding Quantization of Optimizer States
+    in LLM Pre-training <https://arxiv.org/abs/2603.16731>`_, 2026
+  """
+  formats = second_order.field_formats(
+      mu_format=mu_format, nu_format=nu_format, stats_format=stats_format,
+      eigvecs_format=eigvecs_format)
+  inner = scale_by_soap(
+      b1, b2, eps, max_preconditioner_dim=max_preconditioner_dim,
+      precondition_frequency=precondition_frequency,
+      shampoo_beta=shampoo_beta,
+      rectify_steps=second_order.rectify_steps(formats))
+  return second_order.build(
+      inner, learning_rate=learning_rate, weight_decay=weight_decay,
+      weight_decay_mask=weight_decay_mask, formats=formats,
+      rounding=rounding, block_size=block_size, seed=seed,
+      min_size=min_size, reset_every=reset_every,
+      beta=b2 if shampoo_beta is None else shampoo_beta,
+      track_stalls=track_stalls)
