@@ -145,36 +145,44 @@ def _matrix(cfg: pc.Settings, count, ages, g, mu, nu, s_l, s_r, q_l, q_r):
   # back as it was decoded, so its codes do not drift.
   changed = pc.is_refresh(count, cfg.frequency)
   g_rot = pc.rotate(blocks, refreshed.q_l, refreshed.q_r)
-  mu = pc.ema(refreshed.mu, g_rot, cfg.b1)
-  nu = pc.ema(refreshed.nu, g_rot * g_rot, cfg.b2)
-  direction = pc.adam_direction(pc.debias(mu, cfg.b1, age_mu),
-                                pc.debias(nu, cfg.b2, age_nu), cfg.eps)
+  direction, mu, nu = _adam(cfg, count, ages, g_rot, refreshed.mu,
+                            refreshed.nu)
   direction = pc.unrotate(direction, refreshed.q_l, refreshed.q_r)
   return (pc.from_blocks(direction, lay), mu, nu, refreshed.s_l,
           refreshed.s_r, jnp.where(changed, refreshed.q_l, q_l),
           jnp.where(changed, refreshed.q_r, q_r))
 
 
-def _vector(cfg: pc.Settings, ages, g, mu, nu):
-  """A parameter of rank < 2: Adam."""
+def _adam(cfg: pc.Settings, count, ages, g, mu, nu):
+  """Adam's direction and moments; the first update only sets up the
+  bases (its rotated gradient is diagonal up to rounding, and Adam's first
+  step would follow the signs of that rounding), as in Vyas et al."""
   age_mu, age_nu = ages
-  mu = pc.ema(mu, g, cfg.b1)
-  nu = pc.ema(nu, g * g, cfg.b2)
-  return pc.adam_direction(pc.debias(mu, cfg.b1, age_mu),
-                           pc.debias(nu, cfg.b2, age_nu), cfg.eps), mu, nu
+  first = count == 0
+  new_mu = jnp.where(first, mu, pc.ema(mu, g, cfg.b1))
+  new_nu = jnp.where(first, nu, pc.ema(nu, g * g, cfg.b2))
+  direction = pc.adam_direction(
+      pc.debias(new_mu, cfg.b1, jnp.maximum(age_mu, 1)),
+      pc.debias(new_nu, cfg.b2, jnp.maximum(age_nu, 1)), cfg.eps)
+  return jnp.where(first, 0.0, direction), new_mu, new_nu
+
+
+def _vector(cfg: pc.Settings, count, ages, g, mu, nu):
+  """A parameter of rank < 2: Adam."""
+  return _adam(cfg, count, ages, g, mu, nu)
 
 
 def _update(cfg: pc.Settings, updates, state, params=None):
   del params
-  age_mu, age_nu, age_l, age_r = pc.ages(
-      state.count_mu, state.count_nu, state.count_stats_l,
-      state.count_stats_r)
-  del age_l, age_r  # The bases do not depend on the statistics' scale.
+  # The first update moves nothing, and the moments' ages stay 0.
+  moved = (state.count > 0).astype(jnp.int32)
+  age_mu, age_nu = state.count_mu + moved, state.count_nu + moved
 
   def leaf(g, mu, nu, s_l, s_r, q_l, q_r):
     g = g.astype(jnp.float32)
     if pc.is_masked(s_l):
-      return _vector(cfg, (age_mu, age_nu), g, mu, nu) + (s_l, s_r, q_l, q_r)
+      return _vector(cfg, state.count, (age_mu, age_nu), g, mu, nu) + (
+          s_l, s_r, q_l, q_r)
     return _matrix(cfg, state.count, (age_mu, age_nu), g, mu, nu, s_l, s_r,
                    q_l, q_r)
 
@@ -217,8 +225,8 @@ def scale_by_soap(
   estimated eigenvalues :math:`\mathrm{diag}(Q^T L Q)`. The first moment is
   rotated into the new basis exactly; the second moment is permuted with
   the columns (Vyas et al., Algorithm 4). Parameters of rank < 2 take plain
-  Adam. Unlike the reference implementation, the first update already
-  moves the parameters (in the first basis).
+  Adam. As in the reference implementation, the first update only sets up
+  the bases and returns zeros.
 
   The statistics are held in the current basis (:math:`Q_L^T L Q_L`),
   which a power iteration reads without forming :math:`L`. A refresh whose
