@@ -407,5 +407,11 @@ def is_refresh(count: jax.Array, frequency: int) -> jax.Array:
   return count % frequency == 0
 
 
+def as_float32(tree: Any) -> Any:
+  """Every array of ``tree`` in float32 (a stored state may decode to a
+  narrower float, as bf16 does)."""
+  return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+
+
 def is_masked(x: Any) -> bool:
   return isinstance(x, optax.MaskedNode)

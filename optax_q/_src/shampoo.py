@@ -147,6 +147,8 @@ def _matrix(cfg: pc.Settings, grafting: str, refresh, age_stats, g, mu_hat,
 
 def _update(cfg: pc.Settings, grafting: str, updates, state, params=None):
   del params
+  state = state._replace(**{f: pc.as_float32(getattr(state, f))
+                            for f in state._fields if f[:5] != 'count'})
   age_mu, age_nu, age_l, age_r = pc.ages(
       state.count_mu, state.count_nu, state.count_stats_l,
       state.count_stats_r)

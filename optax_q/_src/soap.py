@@ -174,6 +174,8 @@ def _vector(cfg: pc.Settings, count, ages, g, mu, nu):
 
 def _update(cfg: pc.Settings, updates, state, params=None):
   del params
+  state = state._replace(**{f: pc.as_float32(getattr(state, f))
+                            for f in state._fields if f[:5] != 'count'})
   # The first update moves nothing, and the moments' ages stay 0.
   moved = (state.count > 0).astype(jnp.int32)
   age_mu, age_nu = state.count_mu + moved, state.count_nu + moved

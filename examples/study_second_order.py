@@ -1,0 +1,312 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""AdamW, Shampoo and SOAP with float32, bf16, fp8, 8-bit and 4-bit state.
+
+The LM benchmark of the other studies (a GPT of d_model 128 and 2 layers on
+the byte-level corpus; warm-up and cosine schedule, clipping, weight decay
+0.1), trained with:
+
+* **adamw fp32**: ``optax.adamw``, the baseline;
+* **shampoo** / **soap**, each with every statistic (moments, factor
+  statistics, eigenbases) in ``fp32``, in ``bf16`` and in ``fp8_e4m3``
+  (block scales; rounded to nearest), without and with resets (moments to
+  zero, factor statistics to a scaled identity, every
+  ``reset_period(fp8_e4m3, b2=0.999)`` steps: the staleness paper's
+  Table 7 ablation); with the constructors' 8-bit defaults (``int8_dynamic``
+  moments, ``int8`` statistics with one scale per row and ``int8``
+  eigenbases; stochastic rounding); and with a 4-bit preconditioner
+  (``int4`` statistics and eigenbases, 8-bit moments).
+
+Each row: the final validation loss (3 seeds), state bytes per parameter
+(from the real buffers), and the median step time (refresh steps
+included; taken with the machine shared, so only indicative: the step-time
+target is measured by ``examples/bench_step.py --second-order``).
+
+Modes: ``full`` (500 steps, 3 seeds), ``quick`` (150 steps, 3 seeds) and
+``smoke`` (a few steps of a tiny model, for the tests).
+
+Usage::
+
+  python examples/study_second_order.py                  # runs/...
+  python examples/study_second_order.py --mode quick
+  python examples/study_second_order.py --out docs/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import pathlib
+import statistics
+import time
+from typing import Any
+
+import _common  # pylint: disable=g-bad-import-order
+import jax
+import numpy as np
+import optax
+import optax_q
+from models import data
+from models import train
+
+LEARNING_RATE = 3e-3
+B2 = 0.999  # Adam's and the factor statistics' decay (the paper's SOAP).
+MAX_DIM = 128
+SHAMPOO_FREQUENCY = 20  # The optimizer study's DistributedShampoo setting.
+SOAP_FREQUENCY = 10  # The staleness paper's SOAP setting.
+RESET_EVERY = optax_q.reset_period('fp8_e4m3', b2=B2)
+FP8 = 'fp8_e4m3'
+
+# name -> (optimizer, formats, rounding, resets)
+CONFIGS = {'adamw fp32': ('adamw', None, None, False)}
+for _opt in ('shampoo', 'soap'):
+  CONFIGS.update({
+      f'{_opt} fp32': (_opt, 'fp32', 'nearest', False),
+      f'{_opt} bf16': (_opt, 'bf16', 'nearest', False),
+      f'{_opt} bf16+resets': (_opt, 'bf16', 'nearest', True),
+      f'{_opt} fp8': (_opt, FP8, 'nearest', False),
+      f'{_opt} fp8+resets': (_opt, FP8, 'nearest', True),
+      f'{_opt} 8-bit': (_opt, '8-bit', 'stochastic', False),
+      f'{_opt} 4-bit': (_opt, '4-bit', 'stochastic', False),
+  })
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+  steps: int
+  seeds: tuple[int, ...]
+  tiny: bool = False
+
+
+MODES = {
+    'full': Mode(500, (0, 1, 2)),
+    'quick': Mode(150, (0, 1, 2)),
+    'smoke': Mode(4, (0,), tiny=True),
+}
+
+
+def _formats(formats: str) -> dict[str, str]:
+  if formats == '8-bit':
+    return {}  # The constructors' defaults.
+  if formats == '4-bit':
+    return dict(stats_format='int4', eigvecs_format='int4')
+  return dict(mu_format=formats, nu_format=formats, stats_format=formats,
+              eigvecs_format=formats)
+
+
+def make_optimizer(name: str, cfg: _common.RunConfig, seed: int
+                   ) -> optax.GradientTransformation:
+  """Clipping, then the optimizer of ``name`` (see ``CONFIGS``)."""
+  opt, formats, rounding, resets = CONFIGS[name]
+  if opt == 'adamw':
+    return _common.make_optimizer(_common.FP32, cfg, seed)
+  make = optax_q.shampoo if opt == 'shampoo' else optax_q.soap
+  tx = make(
+      _common.schedule(cfg), b1=cfg.b1, b2=B2, eps=cfg.eps,
+      weight_decay=cfg.weight_decay,
+      weight_decay_mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p),
+      max_preconditioner_dim=MAX_DIM,
+      precondition_frequency=(SHAMPOO_FREQUENCY if opt == 'shampoo'
+                              else SOAP_FREQUENCY),
+      rounding=rounding, seed=seed, min_size=cfg.min_size,
+      reset_every=RESET_EVERY if resets else None, **_formats(formats))
+  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
+
+
+def train_rows(mode: Mode, corpus, names, rows: list) -> None:
+  cfg = _common.RunConfig(steps=mode.steps)
+  if mode.tiny:
+    cfg = dataclasses.replace(cfg, d_model=32, num_layers=1, num_heads=2,
+                              eval_every=2, eval_batches=2)
+  model = _common.make_model(cfg)
+  eval_fn = _common.make_eval_fn(cfg, corpus)
+  for name in names:
+    for seed in mode.seeds:
+      params = _common.init_params(model, seed)
+      n_params = sum(x.size for x in jax.tree.leaves(params))
+      tx = make_optimizer(name, cfg, seed)
+      result = train.train(
+          model, params, tx,
+          data.lm_batches(corpus.train, cfg.batch_size, cfg.seq_len,
+                          seed=seed),
+          steps=cfg.steps, loss_fn=train.lm_loss, eval_fn=eval_fn,
+          eval_every=cfg.eval_every, progress=False, seed=0)
+      times = (result.step_times[1:] if len(result.step_times) > 1
+               else result.step_times)
+      state_bytes = int(optax_q.state_nbytes(result.opt_state))
+      rows.append(dict(
+          config=name, seed=seed, steps=cfg.steps,
+          final_val_loss=float(result.eval_losses[-1]),
+          state_bytes=state_bytes,
+          bytes_per_param=state_bytes / n_params,
+          step_ms_median=1e3 * float(np.median(times))))
+      print(f'{name:20s} seed {seed}: {rows[-1]["final_val_loss"]:.4f} '
+            f'{rows[-1]["bytes_per_param"]:.2f} B/param '
+            f'{rows[-1]["step_ms_median"]:.1f} ms', flush=True)
+    jax.clear_caches()
+
+
+# ----------------------------------------------------------------------------
+# Summary and claims.
+# ----------------------------------------------------------------------------
+
+
+def summarize(rows) -> list[dict[str, Any]]:
+  out = []
+  for name in CONFIGS:
+    mine = [r for r in rows if r['config'] == name]
+    if not mine:
+      continue
+    losses = [r['final_val_loss'] for r in mine]
+    finite = all(math.isfinite(v) for v in losses)
+    out.append(dict(
+        config=name, seeds=len(mine),
+        mean=statistics.fmean(losses) if finite else math.nan,
+        spread=(max(losses) - min(losses)) if finite else math.nan,
+        sd=statistics.stdev(losses) if finite and len(losses) > 1 else 0.0,
+        bytes_per_param=mine[0]['bytes_per_param'],
+        state_bytes=mine[0]['state_bytes'],
+        step_ms=statistics.median(r['step_ms_median'] for r in mine)))
+  return out
+
+
+def _by_name(summary):
+  return {s['config']: s for s in summary}
+
+
+def claims(summary) -> dict[str, Any]:
+  """The targets, read off the summary."""
+  s = _by_name(summary)
+  out = {}
+  for opt in ('shampoo', 'soap'):
+    fp32 = s.get(f'{opt} fp32')
+    if fp32 is None:
+      continue
+    for low in ('8-bit', '4-bit'):
+      row = s.get(f'{opt} {low}')
+      if row is None:
+        continue
+      out[f'{opt} {low}'] = dict(
+          loss=row['mean'], fp32=fp32['mean'], fp32_spread=fp32['spread'],
+          within_spread=abs(row['mean'] - fp32['mean']) <= fp32['spread'],
+          bytes_ratio=row['state_bytes'] / fp32['state_bytes'],
+          bytes_target_met=row['state_bytes'] <= 0.3 * fp32['state_bytes'])
+    bf16, fp8, fp8r = (s.get(f'{opt} {k}')
+                       for k in ('bf16', 'fp8', 'fp8+resets'))
+    if bf16 and fp8 and fp8r:
+      worse = fp8['mean'] - bf16['mean']
+      out[f'{opt} table 7'] = dict(
+          bf16=bf16['mean'], bf16_spread=bf16['spread'], fp8=fp8['mean'],
+          fp8_resets=fp8r['mean'],
+          fp8_clearly_worse=bool(worse > max(bf16['spread'], fp8['spread'])),
+          resets_within_bf16_spread=bool(
+              abs(fp8r['mean'] - bf16['mean']) <= bf16['spread']))
+  return out
+
+
+def render_markdown(result) -> str:
+  meta = result['meta']
+  lines = [
+      '# Shampoo and SOAP with low-bit state on the LM benchmark', '',
+      'Generated by `examples/study_second_order.py`; do not edit by hand.',
+      '',
+      f"- Command: `{meta['command']}`",
+      f"- Git revision: `{meta['git_revision']}`",
+      f"- Date: {meta['date']}",
+      f"- Machine: {meta['machine']}",
+      f"- Mode: {meta['mode']}: {meta['steps']} steps, seeds "
+      f"{meta['seeds']}; {meta['seconds']:.0f} s in all.",
+      f"- Settings: learning rate {LEARNING_RATE} (warm-up, cosine), b1 0.9, "
+      f'b2 {B2} (moments and factor statistics), weight decay 0.1, clip 1.0; '
+      f'blocks of at most {MAX_DIM}; refresh every {SHAMPOO_FREQUENCY} '
+      f'(Shampoo) and {SOAP_FREQUENCY} (SOAP) steps; resets every '
+      f'{RESET_EVERY} steps (`reset_period(fp8_e4m3, b2={B2})`).',
+      '',
+      'Loss: final validation loss, mean over seeds; spread = max - min. '
+      'Bytes: the optimizer state\'s real buffers per parameter (float32 '
+      'AdamW: 8). Step: median step time over seeds, refreshes included, '
+      'taken with the machine shared (indicative only).', '',
+  ]
+  rows = [[s['config'], f"{s['mean']:.4f}", f"{s['spread']:.4f}",
+           f"{s['bytes_per_param']:.2f}", f"{s['step_ms']:.1f}"]
+          for s in result['summary']]
+  lines.append(_common.markdown_table(
+      ['config', 'val loss', 'spread', 'bytes/param', 'step ms'], rows))
+  lines += ['', '## Targets', '']
+  for key, c in result['claims'].items():
+    lines.append(f'- **{key}**: ' + ', '.join(
+        f'{k} {v:.4f}' if isinstance(v, float) else f'{k} {v}'
+        for k, v in c.items()))
+  return '\n'.join(lines) + '\n'
+
+
+def make_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n\n')[0],
+      formatter_class=_common.HelpFormatter)
+  parser.add_argument('--mode', choices=sorted(MODES), default='full')
+  parser.add_argument('--configs', nargs='+', choices=list(CONFIGS),
+                      default=list(CONFIGS))
+  parser.add_argument('--update', action='store_true',
+                      help='replace the given configs in the existing JSON')
+  parser.add_argument('--render', action='store_true',
+                      help='only re-render the page from the JSON')
+  parser.add_argument('--data', default=None, help='corpus path')
+  _common.add_out_argument(parser, __file__)
+  return parser
+
+
+def _finish(out: pathlib.Path, result) -> str:
+  result['summary'] = summarize(result['rows'])
+  result['claims'] = claims(result['summary'])
+  (out / 'second_order.json').write_text(
+      json.dumps(result, indent=1, allow_nan=True) + '\n')
+  md = render_markdown(result)
+  (out / 'second_order.md').write_text(md)
+  return md
+
+
+def main(argv=None):
+  args = make_parser().parse_args(argv)
+  out = pathlib.Path(args.out)
+  if args.render:
+    return _finish(out, json.loads((out / 'second_order.json').read_text()))
+  mode = MODES[args.mode]
+  start = time.time()
+  rows = []
+  if args.update:
+    previous = json.loads((out / 'second_order.json').read_text())
+    rows = [r for r in previous['rows'] if r['config'] not in args.configs]
+  corpus = data.load_corpus(args.data)
+  out.mkdir(parents=True, exist_ok=True)
+  meta = dict(command=_common.command_line(__file__, argv),
+              git_revision=_common.git_revision(), date=_common.now_utc(),
+              machine=_common.machine(), mode=args.mode, steps=mode.steps,
+              seeds=list(mode.seeds))
+  md = ''
+  for name in args.configs:
+    rows = [r for r in rows if r['config'] != name]
+    train_rows(mode, corpus, [name], rows)
+    # Written after every config, so a long run keeps what it measured.
+    meta['seconds'] = time.time() - start
+    md = _finish(out, dict(meta=meta, rows=rows))
+  print(json.dumps(claims(summarize(rows)), indent=1))
+  print(f'wrote {out}/second_order.{{json,md}}')
+  return md
+
+
+if __name__ == '__main__':
+  main()
