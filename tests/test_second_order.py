@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import tempfile
 
+import helpers
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -243,6 +245,228 @@ class ReferenceTest(absltest.TestCase):
     q = np.asarray(state.eigvecs_r['w'][0, 2])  # Columns 16..19 + padding.
     np.testing.assert_array_equal(np.abs(q[4:, 4:]) @ np.ones(4), np.ones(4))
     np.testing.assert_array_equal(q[:4, 4:], 0.0)
+
+
+# -----------------------------------------------------------------------------
+# The constructors: low-bit state, resets, guards, checkpoints, bad input.
+# -----------------------------------------------------------------------------
+
+OPTIMIZERS = {'shampoo': (optax_q.shampoo, optax_q.scale_by_shampoo),
+              'soap': (optax_q.soap, optax_q.scale_by_soap)}
+BIG = {'w': (256, 256), 'v': (128, 384), 'b': (256,)}
+FP32 = dict(mu_format='fp32', nu_format='fp32', stats_format='fp32',
+            eigvecs_format='fp32')
+
+
+def _params(shapes=None):
+  return {k: jnp.zeros(s) for k, s in (shapes or BIG).items()}
+
+
+def _train(tx, params, steps, start=0, state=None, scale=1.0):
+  state = tx.init(params) if state is None else state
+  step = jax.jit(helpers.step_fn(tx))
+  for i in range(start, start + steps):
+    g = jax.tree.map(lambda x: x * scale, helpers.grads(i, params))
+    params, state = step(params, state, g)
+  return params, state
+
+
+class ConstructorTest(parameterized.TestCase):
+
+  @parameterized.parameters('shampoo', 'soap')
+  def test_fp32_formats_are_the_plain_chain(self, name):
+    make, scale_by = OPTIMIZERS[name]
+    params = _params({'w': (24, 40), 'b': (40,)})
+    ours = make(1e-2, weight_decay=0.1, max_preconditioner_dim=16,
+                precondition_frequency=3, **FP32)
+    plain = optax.chain(
+        scale_by(max_preconditioner_dim=16, precondition_frequency=3,
+                 **({} if name == 'soap' else {})),
+        optax.add_decayed_weights(0.1), optax.scale_by_learning_rate(1e-2))
+    helpers.assert_bits_equal(_train(ours, params, 7)[0],
+                              _train(plain, params, 7)[0])
+
+  @parameterized.parameters('shampoo', 'soap')
+  def test_8bit_state_is_under_30_percent_and_trains_close(self, name):
+    make, _ = OPTIMIZERS[name]
+    params = _params()
+    low = make(1e-3, max_preconditioner_dim=128, precondition_frequency=4)
+    full = make(1e-3, max_preconditioner_dim=128, precondition_frequency=4,
+                **FP32)
+    ratio = (optax_q.state_nbytes(low.init(params))
+             / optax_q.state_nbytes(full.init(params)))
+    self.assertLess(ratio, 0.30)
+    p_low, s_low = _train(low, params, 9)
+    p_full, _ = _train(full, params, 9)
+    for a, b in zip(jax.tree.leaves(p_low), jax.tree.leaves(p_full)):
+      self.assertTrue(np.all(np.isfinite(a)))
+      # Nine steps of at most lr per coordinate: the paths agree to a few
+      # percent of the distance travelled.
+      self.assertLess(float(jnp.max(jnp.abs(a - b))), 0.1 * 9e-3)
+    leaves = optax_q.quantized_leaves(s_low)
+    self.assertTrue(any('stats_l' in k for k in leaves))
+    self.assertTrue(any('eigvecs_r' in k for k in leaves))
+    self.assertFalse(any('eigvals' in k for k in leaves))
+
+  def test_stored_bases_do_not_drift_between_refreshes(self):
+    params = _params({'w': (128, 128)})
+    tx = optax_q.soap(1e-3, precondition_frequency=5, min_size=0)
+    codes = []
+    state = tx.init(params)
+    step = jax.jit(helpers.step_fn(tx))
+    for i in range(4):
+      params, state = step(params, state, helpers.grads(i, params))
+      codes.append(np.asarray(state[0].inner_state.eigvecs_l['w'].codes))
+    for c in codes[1:]:  # Refreshed at the first update only.
+      np.testing.assert_array_equal(c, codes[0])
+
+  def test_rectification_restores_orthogonality(self):
+    rng = np.random.default_rng(0)
+    q = np.linalg.qr(rng.normal(size=(64, 64)))[0].astype(np.float32)
+    err = lambda x: float(jnp.max(jnp.abs(x.T @ x - jnp.eye(64))))
+    for fmt, factor in (('int8', 0.05), ('int4', 0.3)):
+      coded = optax_q.dequantize(optax_q.quantize(jnp.asarray(q), fmt))
+      self.assertLess(err(pc.rectify(coded, 1)), factor * err(coded))
+
+
+class GuardTest(parameterized.TestCase):
+
+  @parameterized.parameters('shampoo', 'soap')
+  def test_non_finite_statistics_keep_the_last_good_basis(self, name):
+    _, scale_by = OPTIMIZERS[name]
+    tx = scale_by(max_preconditioner_dim=8, precondition_frequency=2)
+    params = {'w': jnp.zeros((8, 16))}
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    for i in range(3):
+      _, state = update(helpers.grads(i, params), state)
+    # A NaN in the first of the two 8 x 8 blocks, before the refresh of
+    # the fifth update (count 4): that block keeps its bases, the other
+    # one refreshes.
+    block = lambda st: (st.eigvecs_l['w'][0, 0], st.eigvecs_r['w'][0, 0])
+    before, other = block(state), state.eigvecs_l['w'][0, 1]
+    bad = {'w': helpers.grads(3, params)['w'].at[0, 0].set(jnp.nan)}
+    _, state = update(bad, state)
+    _, state = update(bad, state)
+    helpers.assert_bits_equal(block(state), before)
+    self.assertFalse(np.array_equal(state.eigvecs_l['w'][0, 1], other))
+    self.assertTrue(np.all(np.isfinite(state.eigvecs_l['w'])))
+    if name == 'shampoo':
+      self.assertTrue(np.all(np.isfinite(state.eigvals_l['w'])))
+
+  @parameterized.parameters('shampoo', 'soap')
+  def test_huge_and_tiny_gradients_stay_finite(self, name):
+    make, _ = OPTIMIZERS[name]
+    params = _params({'w': (64, 64), 'b': (64,)})
+    for scale in (1e15, 1e-30):
+      tx = make(1e-3, max_preconditioner_dim=32, precondition_frequency=2,
+                min_size=0)
+      p, state = _train(tx, params, 4, scale=scale)
+      for leaf in jax.tree.leaves((p, state)):
+        if jnp.issubdtype(leaf.dtype, jnp.floating):
+          self.assertTrue(np.all(np.isfinite(leaf)), (scale, leaf.shape))
+
+
+class ResetTest(parameterized.TestCase):
+
+  @parameterized.parameters(('shampoo', 'int8'), ('soap', 'fp32'))
+  def test_statistics_reset_to_a_scaled_identity(self, name, fmt):
+    make, _ = OPTIMIZERS[name]
+    params = _params({'w': (32, 64)})
+    tx = make(1e-3, max_preconditioner_dim=32, precondition_frequency=2,
+              min_size=0, reset_every=3, shampoo_beta=0.9,
+              stats_format=fmt)
+    _, state = _train(tx, params, 3)
+    reset = state[0]
+    self.assertEqual(int(reset.resets['stats_l']), 1)
+    self.assertEqual(int(reset.ages['stats_r']), 0)
+    inner = reset.inner_state
+    inner = inner.inner_state if hasattr(inner, 'stalled') else inner
+    self.assertEqual(int(inner.count_stats_l), 0)
+    self.assertEqual(int(inner.count_mu), 0)
+    stats = np.asarray(optax_q.dequantize(inner.stats_l['w'])
+                       if optax_q.is_qarray(inner.stats_l['w'])
+                       else inner.stats_l['w'])
+    diag = np.diagonal(stats, axis1=-2, axis2=-1)
+    self.assertTrue(np.all(diag > 0))
+    np.testing.assert_allclose(diag, diag[..., :1] * np.ones_like(diag),
+                               rtol=1e-2)
+    off = stats - diag[..., None] * np.eye(32)
+    np.testing.assert_array_equal(off, 0.0)
+    mu = inner.mu['w']
+    mu = optax_q.dequantize(mu) if optax_q.is_qarray(mu) else mu
+    np.testing.assert_array_equal(np.asarray(mu), 0.0)
+    # And training goes on, finite.
+    p, state = _train(tx, params, 4, start=3, state=state)
+    self.assertTrue(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(p)))
+
+  def test_reset_to_identity_needs_square_matrices(self):
+    tx = optax_q.reset_state(
+        optax_q.scale_by_adam_local_age(), {'mu': 1}, reset_to={'mu':
+                                                                'identity'})
+    with self.assertRaisesRegex(ValueError, 'square'):
+      tx.update({'w': jnp.ones((2, 3))}, tx.init({'w': jnp.ones((2, 3))}))
+
+  def test_reset_to_checks_its_fields(self):
+    with self.assertRaisesRegex(ValueError, 'reset_to'):
+      optax_q.reset_state(optax_q.scale_by_adam_local_age(), {'mu': 1},
+                          reset_to={'nu': 'identity'})
+    with self.assertRaisesRegex(ValueError, r"reset_to\['mu'\]"):
+      optax_q.reset_state(optax_q.scale_by_adam_local_age(), {'mu': 1},
+                          reset_to={'mu': 'ones'})
+
+
+class CheckpointTest(parameterized.TestCase):
+
+  @parameterized.parameters('shampoo', 'soap')
+  def test_resume_is_bit_identical(self, name):
+    make, _ = OPTIMIZERS[name]
+    params = _params({'w': (64, 128), 'b': (128,)})
+    tx = make(1e-3, max_preconditioner_dim=64, precondition_frequency=3,
+              min_size=0, reset_every=4)
+    p2, s2 = _train(tx, params, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+      helpers.save(f'{tmp}/ckpt', {'params': p2, 'state': s2})
+      restored = helpers.restore(f'{tmp}/ckpt', {
+          'params': p2, 'state': jax.eval_shape(tx.init, params)})
+    resumed = _train(tx, restored['params'], 5, start=2,
+                     state=restored['state'])
+    straight = _train(tx, params, 7)
+    helpers.assert_bits_equal(resumed, straight)
+
+
+class BadInputTest(parameterized.TestCase):
+
+  @parameterized.product(
+      name=('shampoo', 'soap'),
+      kwargs=(
+          dict(precondition_frequency=0), dict(precondition_frequency=1.5),
+          dict(max_preconditioner_dim=0), dict(max_preconditioner_dim=-4),
+          dict(b1=1.0), dict(b2=-0.1), dict(shampoo_beta=1.0),
+          dict(eigvecs_format='fp4_e2m2u'), dict(eigvecs_format='e1m1'),
+          dict(stats_format='fp4_e2m2u'), dict(mu_format='nope'),
+          dict(reset_every=0), dict(reset_every={'m': 3}),
+          dict(rounding='up'), dict(learning_rate=-1.0),
+          dict(weight_decay=float('nan'))))
+  def test_refused_at_construction(self, name, kwargs):
+    make, _ = OPTIMIZERS[name]
+    kwargs = dict(kwargs)
+    lr = kwargs.pop('learning_rate', 1e-3)
+    with self.assertRaises(ValueError) as err:
+      make(lr, **kwargs)
+    arg = next(iter(kwargs)) if kwargs else 'learning_rate'
+    self.assertIn(arg, str(err.exception))
+
+  @parameterized.parameters(
+      dict(grafting='adagrad'), dict(matrix_eps=0.0), dict(rectify_steps=9))
+  def test_scale_by_shampoo_refuses(self, **kwargs):
+    with self.assertRaisesRegex(ValueError, next(iter(kwargs))):
+      optax_q.scale_by_shampoo(**kwargs)
+
+  def test_non_adam_grafting_keeps_no_second_moment(self):
+    tx = optax_q.shampoo(1e-3, grafting='sgd', min_size=0)
+    state = tx.init({'w': jnp.zeros((64, 64))})
+    self.assertIsInstance(state[0].inner_state.nu['w'], optax.MaskedNode)
 
 
 if __name__ == '__main__':
