@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from optax_q._src import explicit
 from optax_q._src import validation
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -109,20 +110,77 @@ def layout(shape, block_size: int) -> Layout | None:
   return Layout(shape, rows, cols, br, bc, -(-rows // br), -(-cols // bc))
 
 
+def _grid_spec(x: jax.Array, lay: Layout) -> tuple[Any, Any] | None:
+  """On a mesh with Explicit axes, the mesh axes ``(rows, cols)`` that the
+  block grid of ``x`` keeps: a matrix axis whose blocks fall inside its
+  shards (no padding, a grid the axes divide); None on other meshes."""
+  spec = explicit.spec_of(x)
+  if spec is None:
+    return None
+  if len(lay.shape) != 2:
+    return (None, None)
+  mesh = explicit.sharding_of(x).mesh
+
+  def keep(axes, grid, n, block):
+    fits = grid * block == n and grid % explicit.axes_size(mesh, axes) == 0
+    return axes if fits else None
+
+  return (keep(spec[0], lay.grid_rows, lay.rows, lay.block_rows),
+          keep(spec[1], lay.grid_cols, lay.cols, lay.block_cols))
+
+
 def to_blocks(x: jax.Array, lay: Layout) -> jax.Array:
-  """``x`` as a ``(grid_rows, grid_cols, rows, cols)`` stack, zero-padded."""
+  """``x`` as a ``(grid_rows, grid_cols, rows, cols)`` stack, zero-padded.
+
+  On a mesh with Explicit axes the stack is sharded over its grid as ``x``
+  is over its rows and columns, where the blocks fall inside the shards,
+  and replicated along the other axes.
+  """
+  grid = _grid_spec(x, lay)
+  if grid is not None:
+    x = explicit.reshard(x, explicit.with_spec(
+        x, grid if x.ndim == 2 else (None,) * x.ndim))
   x = x.reshape(lay.rows, lay.cols)
   x = jnp.pad(x, ((0, lay.grid_rows * lay.block_rows - lay.rows),
                   (0, lay.grid_cols * lay.block_cols - lay.cols)))
-  x = x.reshape(lay.grid_rows, lay.block_rows, lay.grid_cols, lay.block_cols)
+  shape = (lay.grid_rows, lay.block_rows, lay.grid_cols, lay.block_cols)
+  if grid is None:
+    x = x.reshape(shape)
+  else:
+    x = jax.lax.reshape(x, shape, out_sharding=explicit.with_spec(
+        x, (grid[0], None, grid[1], None)))
   return x.transpose(0, 2, 1, 3)
 
 
-def from_blocks(b: jax.Array, lay: Layout) -> jax.Array:
-  """The inverse of :func:`to_blocks` (padding dropped)."""
-  x = b.transpose(0, 2, 1, 3).reshape(lay.grid_rows * lay.block_rows,
-                                      lay.grid_cols * lay.block_cols)
-  return x[:lay.rows, :lay.cols].reshape(lay.shape)
+def from_blocks(b: jax.Array, lay: Layout, like: jax.Array) -> jax.Array:
+  """The inverse of :func:`to_blocks` (padding dropped), sharded as
+  ``like`` (the parameter's gradient)."""
+  x = b.transpose(0, 2, 1, 3)
+  shape = (lay.grid_rows * lay.block_rows, lay.grid_cols * lay.block_cols)
+  grid = _grid_spec(like, lay)
+  if grid is None:
+    x = x.reshape(shape)
+  else:
+    x = jax.lax.reshape(x, shape,
+                        out_sharding=explicit.with_spec(like, grid))
+  x = x[:lay.rows, :lay.cols].reshape(lay.shape)
+  return explicit.reshard(x, explicit.sharding_of(like))
+
+
+def aligned(blocks: jax.Array, *arrays: jax.Array) -> list[jax.Array]:
+  """``arrays`` (per-block state, ``(grid_rows, grid_cols, ...)``) sharded
+  over the grid as ``blocks`` is, on a mesh with Explicit axes."""
+  spec = explicit.spec_of(blocks)
+  if spec is None:
+    return list(arrays)
+  return [explicit.reshard(a, explicit.with_spec(
+      blocks, spec[:2] + (None,) * (a.ndim - 2))) for a in arrays]
+
+
+def restored(new: list[jax.Array], old: list[jax.Array]) -> list[jax.Array]:
+  """``new`` per-block state sharded as the ``old`` it replaces."""
+  return [explicit.reshard(n, explicit.sharding_of(o))
+          for n, o in zip(new, old)]
 
 
 def eye_stack(shape) -> jax.Array:
@@ -194,10 +252,18 @@ def one_block_at_a_time(fn, stack: jax.Array):
   waiting for the other, a deadlock on a 2-core machine. One matrix per
   call never waits.
   """
+  sharding = explicit.sharding_of(stack)
+  if sharding is not None:  # lax.map takes no sharded axis: gather it.
+    stack = jax.sharding.reshard(stack, sharding.update(
+        spec=jax.sharding.PartitionSpec()))
   flat = stack.reshape((-1,) + stack.shape[-2:])
   out = jax.lax.map(fn, flat)
-  return jax.tree.map(lambda y: y.reshape(stack.shape[:-2] + y.shape[1:]),
-                      out)
+  out = jax.tree.map(
+      lambda y: y.reshape(stack.shape[:-2] + y.shape[1:]), out)
+  if sharding is None:
+    return out
+  return jax.tree.map(lambda y: explicit.reshard(y, sharding.update(
+      spec=tuple(sharding.spec)[:y.ndim])), out)
 
 
 class Eigen(NamedTuple):

@@ -118,13 +118,12 @@ def _refresh_side(side: _Side, pad, correction) -> _Side:
                        side.values))
 
 
-def _matrix(cfg: pc.Settings, grafting: str, refresh, age_stats, g, mu_hat,
-            target, s_l, s_r, q_l, q_r, v_l, v_r):
-  """One parameter of rank >= 2: new statistics, bases and direction."""
-  lay = pc.layout(g.shape, cfg.max_dim)
+def _blocked(cfg: pc.Settings, grafting: str, refresh, age_stats,
+             lay: pc.Layout, blocks, m_blocks, t_blocks, s_l, s_r, q_l, q_r,
+             v_l, v_r):
+  """One parameter's blocks: the direction, new statistics and bases."""
   basis_l = pc.rectify(q_l, cfg.rectify_steps)
   basis_r = pc.rectify(q_r, cfg.rectify_steps)
-  blocks = pc.to_blocks(g, lay)
   s_l, s_r = pc.update_stats(s_l, s_r, pc.rotate(blocks, basis_l, basis_r),
                              cfg.beta)
   correction = 1 - jnp.asarray(cfg.beta, jnp.float32) ** age_stats.astype(
@@ -135,14 +134,26 @@ def _matrix(cfg: pc.Settings, grafting: str, refresh, age_stats, g, mu_hat,
                     _refresh_side(r, lay.padding('r'), correction)),
       lambda l, r: (l, r),
       _Side(s_l, q_l, basis_l, v_l), _Side(s_r, q_r, basis_r, v_r))
-  rotated = pc.rotate(pc.to_blocks(mu_hat, lay), left.basis, right.basis)
+  rotated = pc.rotate(m_blocks, left.basis, right.basis)
   scaled = (rotated * pc.inverse_root(left.values, cfg.matrix_eps)[..., :, None]
             * pc.inverse_root(right.values, cfg.matrix_eps)[..., None, :])
   direction = pc.unrotate(scaled, left.basis, right.basis)
   if grafting != 'none':
-    direction = pc.graft(direction, pc.to_blocks(target, lay))
-  return (pc.from_blocks(direction, lay), left.stats, right.stats,
-          left.stored, right.stored, left.values, right.values)
+    direction = pc.graft(direction, t_blocks)
+  return (direction, left.stats, right.stats, left.stored, right.stored,
+          left.values, right.values)
+
+
+def _matrix(cfg: pc.Settings, grafting: str, refresh, age_stats, g, mu_hat,
+            target, *state):
+  """One parameter of rank >= 2: its direction and new per-block state."""
+  lay = pc.layout(g.shape, cfg.max_dim)
+  blocks = pc.to_blocks(g, lay)
+  out = _blocked(cfg, grafting, refresh, age_stats, lay, blocks,
+                 pc.to_blocks(mu_hat, lay), pc.to_blocks(target, lay),
+                 *pc.aligned(blocks, *state))
+  return (pc.from_blocks(out[0], lay, g),
+          *pc.restored(list(out[1:]), list(state)))
 
 
 def _update(cfg: pc.Settings, grafting: str, updates, state, params=None):

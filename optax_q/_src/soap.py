@@ -125,32 +125,39 @@ def _power_basis(b: _Block, lay: pc.Layout) -> _Block:
       q_l=left.vectors, q_r=right.vectors)
 
 
-def _matrix(cfg: pc.Settings, count, ages, g, mu, nu, s_l, s_r, q_l, q_r):
-  """One parameter of rank >= 2: its update and new state."""
-  age_mu, age_nu = ages
-  lay = pc.layout(g.shape, cfg.max_dim)
-  blocks = pc.to_blocks(g, lay)
+def _blocked(cfg: pc.Settings, count, ages, lay: pc.Layout, blocks, mu, nu,
+             s_l, s_r, q_l, q_r):
+  """One parameter's blocks: the direction and the new state."""
   b = _Block(mu, nu, s_l, s_r, pc.rectify(q_l, cfg.rectify_steps),
              pc.rectify(q_r, cfg.rectify_steps))
   s_l, s_r = pc.update_stats(b.s_l, b.s_r, pc.rotate(blocks, b.q_l, b.q_r),
                              cfg.beta)
   b = b._replace(s_l=s_l, s_r=s_r)
+  changed = pc.is_refresh(count, cfg.frequency)
   refreshed = jax.lax.cond(
-      pc.is_refresh(count, cfg.frequency),
+      changed,
       lambda x: jax.lax.cond(count == 0,
                              functools.partial(_first_basis, lay=lay),
                              functools.partial(_power_basis, lay=lay), x),
       lambda x: x, b)
-  # The stored bases change only at a refresh: a decoded basis is stored
-  # back as it was decoded, so its codes do not drift.
-  changed = pc.is_refresh(count, cfg.frequency)
   g_rot = pc.rotate(blocks, refreshed.q_l, refreshed.q_r)
   direction, mu, nu = _adam(cfg, count, ages, g_rot, refreshed.mu,
                             refreshed.nu)
   direction = pc.unrotate(direction, refreshed.q_l, refreshed.q_r)
-  return (pc.from_blocks(direction, lay), mu, nu, refreshed.s_l,
-          refreshed.s_r, jnp.where(changed, refreshed.q_l, q_l),
+  # The stored bases change only at a refresh: a decoded basis is stored
+  # back as it was decoded, so its codes do not drift.
+  return (direction, mu, nu, refreshed.s_l, refreshed.s_r,
+          jnp.where(changed, refreshed.q_l, q_l),
           jnp.where(changed, refreshed.q_r, q_r))
+
+
+def _matrix(cfg: pc.Settings, count, ages, g, *state):
+  """One parameter of rank >= 2: its update and new state."""
+  lay = pc.layout(g.shape, cfg.max_dim)
+  blocks = pc.to_blocks(g, lay)
+  out = _blocked(cfg, count, ages, lay, blocks, *pc.aligned(blocks, *state))
+  return (pc.from_blocks(out[0], lay, g),
+          *pc.restored(list(out[1:]), list(state)))
 
 
 def _adam(cfg: pc.Settings, count, ages, g, mu, nu):
