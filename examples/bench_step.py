@@ -208,6 +208,27 @@ def jax_configs() -> list[tuple[str, Callable[[], Any]]]:
                                    track_stalls=False),
             optax.add_decayed_weights(WEIGHT_DECAY),
             optax.scale_by_learning_rate(LR))))
+  configs += second_order_configs(kw)
+  return configs
+
+
+def second_order_configs(kw) -> list[tuple[str, Callable[[], Any]]]:
+  """Shampoo and SOAP: steps between refreshes (one refresh, before the
+  measured steps), and steps that all refresh (``precondition_frequency``
+  1), in float32 and in the 8-bit defaults, blocks of 128 and 64."""
+  fp32 = dict(mu_format='fp32', nu_format='fp32', stats_format='fp32',
+              eigvecs_format='fp32')
+  configs = []
+  for opt, make in (('shampoo', optax_q.shampoo), ('soap', optax_q.soap)):
+    for dim in (128, 64):
+      for label, formats in (('8-bit', {}), ('fp32', fp32)):
+        for when, freq in (('between refreshes', 10**9),
+                           ('refresh every step', 1)):
+          configs.append((
+              f'optax_q {opt} {label} dim {dim}, {when}',
+              lambda make=make, dim=dim, formats=formats, freq=freq: make(
+                  **kw, max_preconditioner_dim=dim,
+                  precondition_frequency=freq, **formats)))
   return configs
 
 

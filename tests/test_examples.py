@@ -54,13 +54,14 @@ import study_eco  # noqa: E402
 import study_fp_convergence  # noqa: E402
 import study_lowbit  # noqa: E402
 import study_precision  # noqa: E402
+import study_second_order  # noqa: E402
 import study_staleness  # noqa: E402
 import update_error  # noqa: E402
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 SCRIPTS = (bench_step, demo, profile_step, staleness_simulation,
            study_bits, study_eco, study_lowbit, study_precision,
-           study_staleness, update_error)
+           study_second_order, study_staleness, update_error)
 
 # The same model and schedule for both scripts: compiled steps are shared.
 TINY = ['--d-model', '32', '--num-layers', '1', '--num-heads', '2',
@@ -507,6 +508,32 @@ class StudyFpConvergenceTest(_DocsUnchanged):
     md, _ = _quiet(study_fp_convergence.main,
                    ['--render', '--out', str(self.out)])
     self.assertEqual(md, (results / 'fp_convergence.md').read_text())
+
+
+class StudySecondOrderTest(_DocsUnchanged):
+
+  def test_smoke_writes_its_files(self):
+    configs = ['adamw fp32', 'soap fp8+resets', 'shampoo 4-bit']
+    md, _ = _quiet(study_second_order.main, [
+        '--mode', 'smoke', '--configs', *configs, '--out', str(self.out)])
+    self.assert_wrote('second_order.json', 'second_order.md')
+    saved = json.loads((self.out / 'second_order.json').read_text())
+    self.assertEqual([s['config'] for s in saved['summary']],
+                     ['adamw fp32', 'shampoo 4-bit', 'soap fp8+resets'])
+    self.assertAlmostEqual(saved['summary'][0]['bytes_per_param'], 8.0, 2)
+    self.assertIn('python examples/study_second_order.py',
+                  saved['meta']['command'])
+    self.assertIn('| soap fp8+resets |', md)
+    again, _ = _quiet(study_second_order.main,
+                      ['--render', '--out', str(self.out)])
+    self.assertEqual(again, md)
+
+  def test_published_page_is_its_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    shutil.copy(results / 'second_order.json', self.out / 'second_order.json')
+    md, _ = _quiet(study_second_order.main,
+                   ['--render', '--out', str(self.out)])
+    self.assertEqual(md, (results / 'second_order.md').read_text())
 
 
 class ProfileStepTest(_DocsUnchanged):
