@@ -49,6 +49,7 @@ class HowToTest(parameterized.TestCase):
       ('master_free', ['--steps', '6', '--save-at', '3'],
        'bit-identical: True'),
       ('fp_components', ['--steps', '8'], 'bit-identical: True'),
+      ('second_order', ['--steps', '6'], 'bit-identical: True'),
   )
   def test_runs_and_checks(self, name, argv, expected):
     out = io.StringIO()
@@ -73,7 +74,8 @@ class HowToTest(parameterized.TestCase):
     for name in scripts:
       self.assertIn(f'examples/howto/{name}.py', page)
     tested = {'nnx_checkpoint', 'linen_train_state', 'formats_and_schedules',
-              'shard_state', 'memory_budget', 'master_free', 'fp_components'}
+              'shard_state', 'memory_budget', 'master_free', 'fp_components',
+              'second_order'}
     self.assertEqual(scripts, tested)
 
 
