@@ -401,11 +401,24 @@ class ResetTest(parameterized.TestCase):
     self.assertTrue(all(np.all(np.isfinite(x)) for x in jax.tree.leaves(p)))
 
   def test_reset_to_identity_needs_square_matrices(self):
-    tx = optax_q.reset_state(
-        optax_q.scale_by_adam_local_age(), {'mu': 1}, reset_to={'mu':
-                                                                'identity'})
     with self.assertRaisesRegex(ValueError, 'square'):
-      tx.update({'w': jnp.ones((2, 3))}, tx.init({'w': jnp.ones((2, 3))}))
+      optax_q.reset_state(optax_q.scale_by_adam_local_age(), {'mu': 1},
+                          reset_to={'mu': 'identity'})
+
+  @parameterized.parameters('shampoo', 'soap')
+  def test_identity_reset_clears_non_finite_statistics(self, name):
+    make, _ = OPTIMIZERS[name]
+    params = _params({'w': (16, 16)})
+    tx = make(1e-3, max_preconditioner_dim=16, min_size=0, reset_every=2,
+              **FP32)
+    state = tx.init(params)
+    step = jax.jit(tx.update)
+    bad = {'w': jnp.full((16, 16), jnp.nan)}
+    _, state = step(bad, state, params)
+    _, state = step(helpers.grads(1, params), state, params)  # Reset.
+    _, state = step(helpers.grads(2, params), state, params)
+    stats = state[0].inner_state.inner_state.stats_l['w']
+    self.assertTrue(bool(jnp.all(jnp.isfinite(stats))))
 
   def test_reset_to_checks_its_fields(self):
     with self.assertRaisesRegex(ValueError, 'reset_to'):
@@ -462,6 +475,37 @@ class BadInputTest(parameterized.TestCase):
   def test_scale_by_shampoo_refuses(self, **kwargs):
     with self.assertRaisesRegex(ValueError, next(iter(kwargs))):
       optax_q.scale_by_shampoo(**kwargs)
+
+  def test_bad_reset_combinations(self):
+    with self.assertRaisesRegex(ValueError, 'shampoo_beta'):
+      optax_q.soap(1e-3, shampoo_beta=0.0, reset_every=3)
+    with self.assertRaisesRegex(ValueError, "'nu'"):
+      optax_q.shampoo(1e-3, grafting='sgd', reset_every={'nu': 5})
+
+  def test_inject_hyperparams_with_the_defaults(self):
+    for make in (optax_q.shampoo, optax_q.soap):
+      tx = optax.inject_hyperparams(make)(learning_rate=1e-2)
+      params = {'w': jnp.zeros((8, 8))}
+      updates, _ = tx.update({'w': jnp.ones((8, 8))}, tx.init(params), params)
+      self.assertTrue(bool(jnp.all(jnp.isfinite(updates['w']))))
+
+  def test_masked_and_degenerate_leaves(self):
+    params = {'w': jnp.ones((8, 6)), 'b': jnp.ones(6), 'r': jnp.ones((1, 64))}
+    for scale_by in (optax_q.scale_by_shampoo, optax_q.scale_by_soap):
+      tx = optax.masked(scale_by(), {'w': True, 'b': False, 'r': True})
+      state = tx.init(params)
+      updates, _ = tx.update(params, state, params)
+      self.assertEqual(updates['w'].shape, (8, 6))
+      # A one-row matrix is taken as a vector: no 64 x 64 statistic.
+      self.assertIsInstance(state.inner_state.stats_r['r'], optax.MaskedNode)
+
+  def test_zero_statistics_do_not_precondition(self):
+    tx = optax_q.scale_by_shampoo(grafting='none', precondition_frequency=5)
+    params = {'w': jnp.zeros((8, 8))}
+    state = tx.init(params)
+    _, state = tx.update({'w': jnp.zeros((8, 8))}, state)
+    updates, _ = tx.update({'w': jnp.ones((8, 8))}, state)
+    self.assertLess(float(jnp.max(jnp.abs(updates['w']))), 10.0)
 
   def test_non_adam_grafting_keeps_no_second_moment(self):
     tx = optax_q.shampoo(1e-3, grafting='sgd', min_size=0)

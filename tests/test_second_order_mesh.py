@@ -108,8 +108,9 @@ class SecondOrderMeshTest(parameterized.TestCase):
     super().setUp()
     multidevice.skip_unless_8_devices(self)
 
-  @parameterized.product(name=('shampoo', 'soap'),
-                         axis_type=(AxisType.Auto, AxisType.Explicit))
+  @parameterized.named_parameters(
+      ('shampoo_explicit', 'shampoo', AxisType.Explicit),
+      ('soap_auto', 'soap', AxisType.Auto))
   def test_statistics_sharded_over_the_block_grid(self, name, axis_type):
     sharded, unsharded, shardings = _run(name, axis_type)
     inner = shardings[0].inner_state.inner_state
@@ -123,9 +124,11 @@ class SecondOrderMeshTest(parameterized.TestCase):
       if jnp.issubdtype(leaf.dtype, jnp.floating):
         self.assertTrue(bool(jnp.all(jnp.isfinite(leaf))))
 
-  @parameterized.product(name=('shampoo', 'soap'),
-                         axis_type=(AxisType.Auto, AxisType.Explicit),
-                         refresh=(False, True))
+  @parameterized.named_parameters(
+      ('shampoo_auto_refresh', 'shampoo', AxisType.Auto, True),
+      ('shampoo_explicit', 'shampoo', AxisType.Explicit, False),
+      ('soap_auto', 'soap', AxisType.Auto, False),
+      ('soap_explicit_refresh', 'soap', AxisType.Explicit, True))
   def test_one_update_agrees_to_float32_rounding(self, name, axis_type,
                                                  refresh):
     mesh = jax.make_mesh((4, 2), ('data', 'model'),

@@ -61,6 +61,7 @@ HIGHEST = jax.lax.Precision.HIGHEST
 # products, so that finite gradients never give non-finite statistics: a
 # block of up to 2**16 rows then sums to at most float32's largest value.
 GRADIENT_BOUND = 2.0**55
+DEFAULT_MAX_DIM = 1024
 
 
 class Layout(NamedTuple):
@@ -95,7 +96,8 @@ class Layout(NamedTuple):
 
 
 def layout(shape, block_size: int) -> Layout | None:
-  """The block layout of a parameter of ``shape``; None below rank 2.
+  """The block layout of a parameter of ``shape``; None below rank 2 and
+  for a matrix with one row or one column (taken as a vector).
 
   The axes are split into rows and columns where the two products are most
   nearly equal (ties: the earlier split).
@@ -106,6 +108,8 @@ def layout(shape, block_size: int) -> Layout | None:
   best = min(range(1, len(shape)), key=lambda k: abs(
       math.log(math.prod(shape[:k])) - math.log(math.prod(shape[k:]))))
   rows, cols = math.prod(shape[:best]), math.prod(shape[best:])
+  if min(rows, cols) == 1:  # A vector in disguise: its factor is a scalar.
+    return None
   br, bc = min(rows, block_size), min(cols, block_size)
   return Layout(shape, rows, cols, br, bc, -(-rows // br), -(-cols // bc))
 
@@ -342,11 +346,13 @@ def inverse_root(values: jax.Array, eps: float, root: int = 4) -> jax.Array:
 
   ``eps`` is relative to the block's largest eigenvalue, so the scale of a
   statistic (and its bias correction) does not change the direction; the
-  floor keeps an all-zero block finite.
+  floor keeps the null space finite, and a block whose statistic is zero
+  (only zero gradients so far) is not preconditioned.
   """
   top = jnp.max(values, axis=-1, keepdims=True)
   floor = jnp.maximum(eps * top, jnp.finfo(jnp.float32).tiny)
-  return jnp.power(values + floor, -1.0 / root)
+  # A block that has seen only zero gradients: no preconditioning.
+  return jnp.where(top > 0, jnp.power(values + floor, -1.0 / root), 1.0)
 
 
 def block_norms(x: jax.Array) -> jax.Array:
@@ -366,6 +372,8 @@ def identity_like(s: jax.Array, weight: float) -> jax.Array:
   """``weight * mean(diag S) * I`` per block: the scaled identity a factor
   statistic is reset to (zero would leave an inverse root unbounded)."""
   mean = jnp.mean(jnp.diagonal(s, axis1=-2, axis2=-1), axis=-1)
+  # A non-finite statistic (after a NaN gradient) restarts from zero.
+  mean = jnp.where(jnp.isfinite(mean) & _finite(s), mean, 0.0)
   return (weight * jnp.maximum(mean, 0.0))[..., None, None] * eye_stack(
       s.shape)
 
@@ -422,11 +430,12 @@ def check_settings(*, b1, b2, eps, shampoo_beta, max_preconditioner_dim,
   return Settings(
       b1=b1, b2=b2, eps=validation.check_number(eps, 'eps'), beta=beta,
       max_dim=validation.check_int(
-          max_preconditioner_dim, 'max_preconditioner_dim', low=1,
-          high=2**16),
+          DEFAULT_MAX_DIM if max_preconditioner_dim is None
+          else max_preconditioner_dim, 'max_preconditioner_dim', low=1,
+          high=2**16, hint=validation.STATIC_HINT),
       frequency=validation.check_int(
           precondition_frequency, 'precondition_frequency', low=1,
-          high=2**31 - 1),
+          high=2**31 - 1, hint=validation.STATIC_HINT),
       matrix_eps=validation.check_number(
           matrix_eps, 'matrix_eps', high=1.0, closed='(]'),
       rectify_steps=validation.check_int(rectify_steps, 'rectify_steps',

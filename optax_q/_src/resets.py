@@ -308,8 +308,32 @@ def _plan(every, name, *, fields, counters, groups, decay, s0, p_ss,
                _check_reset_to(reset_to, periods))
 
 
+def _check_identity_fields(plan: _Plan, inner) -> None:
+  """Raises if a field reset to ``'identity'`` holds a leaf that is not a
+  stack of square matrices (on the probe state)."""
+  state = state_tree.probe_state(inner)
+  if state is None or not plan.reset_to:
+    return
+  bad = []
+
+  def visit(name, leaf):
+    shape = getattr(leaf, 'shape', None)
+    if name in plan.reset_to and shape is not None and (
+        len(shape) < 2 or shape[-1] != shape[-2]):
+      bad.append((name, tuple(shape)))
+    return leaf
+
+  _map_fields(visit, frozenset(plan.reset_to), state)
+  if bad:
+    raise ValueError(
+        f"reset_to[{bad[0][0]!r}]='identity' needs square matrices in the "
+        f"last two axes (factor statistics); {bad[0][0]!r} has a leaf of "
+        f'shape {bad[0][1]} on a probe tree.')
+
+
 def _check_plan(plan: _Plan, inner, counters_given: bool) -> None:
   """Checks the fields of ``plan`` against ``inner``'s (probed) state."""
+  _check_identity_fields(plan, inner)
   names = state_tree.probe_field_names(inner, skip=_inner_of)
   if names is None:
     return

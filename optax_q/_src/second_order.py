@@ -95,9 +95,12 @@ def _periods(reset_every: Any, fields: tuple[str, ...]) -> dict[str, Any]:
       continue
     period = validation.check_int(period, f'reset_every[{key!r}]', low=1,
                                   high=validation.MAX_PERIOD)
+    if key == 'nu' and 'nu' not in fields:
+      raise ValueError(
+          "reset_every has key 'nu', but this optimizer keeps no second "
+          "moment (grafting other than 'adam').")
     for f in (STATISTICS if key == 'stats' else (key,)):
-      if f in fields:
-        out[f] = period
+      out[f] = period
   return out
 
 
@@ -126,6 +129,11 @@ def build(inner: optax.GradientTransformation, *, learning_rate: Any,
       + (EIGVALS if has_eigvals else ()))
   fields = tuple(f for f in MOMENTS + STATISTICS if f in formats)
   periods = _periods(reset_every, fields)
+  if periods and not 0 < float(beta) < 1:
+    raise ValueError(
+        f'reset_every needs the factor statistics\' decay (shampoo_beta, or '
+        f'b2 when it is None) in (0, 1), got {beta}: the identity a '
+        'statistic is reset to is weighted by 1 - decay.')
   if periods:
     groups = [tuple(f for f in STATISTICS if f in periods)]
     moments = [f for f in MOMENTS if f in periods]

@@ -183,7 +183,7 @@ def _update(cfg: pc.Settings, grafting: str, updates, state, params=None):
       leaf, g, mu_hat, target, state.stats_l, state.stats_r,
       state.eigvecs_l, state.eigvecs_r, state.eigvals_l, state.eigvals_r,
       is_leaf=pc.is_masked)
-  treedef = jax.tree.structure(g)
+  treedef = jax.tree.structure(g, is_leaf=pc.is_masked)
   parts = [treedef.unflatten(p) for p in zip(*treedef.flatten_up_to(out))]
   new_updates = jax.tree.map(lambda n, u: n.astype(u.dtype), parts[0],
                              updates)
@@ -200,8 +200,8 @@ def scale_by_shampoo(
     b2: jax.typing.ArrayLike = 0.999,
     eps: jax.typing.ArrayLike = 1e-8,
     *,
-    max_preconditioner_dim: int = 1024,
-    precondition_frequency: int = 20,
+    max_preconditioner_dim: int | None = None,
+    precondition_frequency: int | None = None,
     shampoo_beta: jax.typing.ArrayLike | None = None,
     matrix_eps: float = 1e-6,
     grafting: str = 'adam',
@@ -224,7 +224,10 @@ def scale_by_shampoo(
   then rescales each block of :math:`D` to the norm of the same block of
   the grafting direction: Adam's :math:`\hat m / (\sqrt{\hat v} +
   \epsilon)` (``'adam'``), :math:`\hat m` (``'sgd'``) or not at all
-  (``'none'``). Parameters of rank < 2 take the grafting direction itself.
+  (``'none'``). Parameters of rank < 2 (and matrices with one row or one
+  column) take the grafting direction itself: with ``'sgd'`` and
+  ``'none'`` that is :math:`\\hat m`, a step that scales with the
+  gradients while the preconditioned ones do not.
   The statistics are held in the current eigenbasis
   (:math:`Q_L^T L Q_L`, diagonal right after a refresh), so that a
   quantized statistic keeps each eigen-direction to its own relative
@@ -241,8 +244,10 @@ def scale_by_shampoo(
     b1: EMA decay of the gradients, in [0, 1).
     b2: EMA decay of Adam grafting's squared gradients, in [0, 1).
     eps: Adam grafting's epsilon, >= 0.
-    max_preconditioner_dim: Largest block side, an int in [1, 65536].
-    precondition_frequency: Updates between refreshes, an int >= 1.
+    max_preconditioner_dim: Largest block side, an int in [1, 65536];
+      None: 1024.
+    precondition_frequency: Updates between refreshes, an int >= 1; None:
+      20. (None defaults stay static under ``optax.inject_hyperparams``.)
     shampoo_beta: EMA decay of the factor statistics, in [0, 1); None:
       ``b2``.
     matrix_eps: Added to the eigenvalues before the inverse root, relative
@@ -282,7 +287,8 @@ def scale_by_shampoo(
   cfg = pc.check_settings(
       b1=b1, b2=b2, eps=eps, shampoo_beta=shampoo_beta,
       max_preconditioner_dim=max_preconditioner_dim,
-      precondition_frequency=precondition_frequency, matrix_eps=matrix_eps,
+      precondition_frequency=(20 if precondition_frequency is None
+                              else precondition_frequency), matrix_eps=matrix_eps,
       rectify_steps=rectify_steps)
   grafting = validation.check_choice(grafting, 'grafting', GRAFTINGS)
   return optax.GradientTransformation(
@@ -298,8 +304,8 @@ def shampoo(
     weight_decay: jax.typing.ArrayLike = 0.0,
     weight_decay_mask: Any = None,
     *,
-    max_preconditioner_dim: int = 1024,
-    precondition_frequency: int = 20,
+    max_preconditioner_dim: int | None = None,
+    precondition_frequency: int | None = None,
     shampoo_beta: jax.typing.ArrayLike | None = None,
     matrix_eps: float = 1e-6,
     grafting: str = 'adam',
@@ -339,8 +345,10 @@ def shampoo(
     eps: Adam grafting's epsilon, >= 0.
     weight_decay: Decoupled weight decay, >= 0.
     weight_decay_mask: As in ``optax.add_decayed_weights``.
-    max_preconditioner_dim: Largest block side, an int in [1, 65536].
-    precondition_frequency: Updates between refreshes, an int >= 1.
+    max_preconditioner_dim: Largest block side, an int in [1, 65536];
+      None: 1024.
+    precondition_frequency: Updates between refreshes, an int >= 1; None:
+      20. (None defaults stay static under ``optax.inject_hyperparams``.)
     shampoo_beta: EMA decay of the factor statistics; None: ``b2``.
     matrix_eps: Eigenvalue floor relative to the largest, in (0, 1].
     grafting: ``'adam'``, ``'sgd'`` or ``'none'``.

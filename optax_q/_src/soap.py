@@ -214,8 +214,8 @@ def scale_by_soap(
     b2: jax.typing.ArrayLike = 0.95,
     eps: jax.typing.ArrayLike = 1e-8,
     *,
-    max_preconditioner_dim: int = 1024,
-    precondition_frequency: int = 10,
+    max_preconditioner_dim: int | None = None,
+    precondition_frequency: int | None = None,
     shampoo_beta: jax.typing.ArrayLike | None = None,
     rectify_steps: int = 0,
 ) -> optax.GradientTransformation:
@@ -245,8 +245,10 @@ def scale_by_soap(
     b1: EMA decay of the first moment, in [0, 1).
     b2: EMA decay of the second moment, in [0, 1).
     eps: Adam's epsilon, >= 0.
-    max_preconditioner_dim: Largest block side, an int in [1, 65536].
-    precondition_frequency: Updates between refreshes, an int >= 1.
+    max_preconditioner_dim: Largest block side, an int in [1, 65536];
+      None: 1024.
+    precondition_frequency: Updates between refreshes, an int >= 1; None:
+      10. (None defaults stay static under ``optax.inject_hyperparams``.)
     shampoo_beta: EMA decay of the factor statistics, in [0, 1); None:
       ``b2``.
     rectify_steps: Björck iterations applied to the stored bases before
@@ -277,7 +279,8 @@ def scale_by_soap(
   cfg = pc.check_settings(
       b1=b1, b2=b2, eps=eps, shampoo_beta=shampoo_beta,
       max_preconditioner_dim=max_preconditioner_dim,
-      precondition_frequency=precondition_frequency, matrix_eps=1.0,
+      precondition_frequency=(10 if precondition_frequency is None
+                              else precondition_frequency), matrix_eps=1.0,
       rectify_steps=rectify_steps)
   return optax.GradientTransformation(
       functools.partial(_init, cfg), functools.partial(_update, cfg))
@@ -291,8 +294,8 @@ def soap(
     weight_decay: jax.typing.ArrayLike = 0.0,
     weight_decay_mask: Any = None,
     *,
-    max_preconditioner_dim: int = 1024,
-    precondition_frequency: int = 10,
+    max_preconditioner_dim: int | None = None,
+    precondition_frequency: int | None = None,
     shampoo_beta: jax.typing.ArrayLike | None = None,
     mu_format: str | formats_lib.Format = 'int8_dynamic',
     nu_format: str | formats_lib.Format = 'int8_dynamic',
@@ -328,8 +331,10 @@ def soap(
     eps: Adam's epsilon, >= 0.
     weight_decay: Decoupled weight decay, >= 0.
     weight_decay_mask: As in ``optax.add_decayed_weights``.
-    max_preconditioner_dim: Largest block side, an int in [1, 65536].
-    precondition_frequency: Updates between refreshes, an int >= 1.
+    max_preconditioner_dim: Largest block side, an int in [1, 65536];
+      None: 1024.
+    precondition_frequency: Updates between refreshes, an int >= 1; None:
+      10. (None defaults stay static under ``optax.inject_hyperparams``.)
     shampoo_beta: EMA decay of the factor statistics; None: ``b2``.
     mu_format: Format of the first moment; signed.
     nu_format: Format of the second moment.
