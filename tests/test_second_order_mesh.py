@@ -146,7 +146,7 @@ class SecondOrderMeshTest(parameterized.TestCase):
         jax.device_put(g, plain), jax.device_put(state, shardings),
         jax.device_put(params, plain))
     theirs = jax.jit(tx.update)(g, state, params)
-    self.assertLess(_rel(ours[0], theirs[0]), 1e-5)
+    self.assertLess(_rel(ours[0], theirs[0]), 5e-5)
 
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
   def test_well_conditioned_shampoo_run_agrees(self, axis_type):
