@@ -512,6 +512,7 @@ class StudyFpConvergenceTest(_DocsUnchanged):
 
 class StudySecondOrderTest(_DocsUnchanged):
 
+  @pytest.mark.slow  # A minute: three optimizers compiled.
   def test_smoke_writes_its_files(self):
     configs = ['adamw fp32', 'soap fp8+resets', 'shampoo 4-bit']
     md, _ = _quiet(study_second_order.main, [
