@@ -130,17 +130,18 @@ def _blocked(cfg: pc.Settings, count, ages, lay: pc.Layout, blocks, mu, nu,
   """One parameter's blocks: the direction and the new state."""
   b = _Block(mu, nu, s_l, s_r, pc.rectify(q_l, cfg.rectify_steps),
              pc.rectify(q_r, cfg.rectify_steps))
-  s_l, s_r = pc.update_stats(b.s_l, b.s_r, pc.rotate(blocks, b.q_l, b.q_r),
-                             cfg.beta)
+  g_rot = pc.rotate(blocks, b.q_l, b.q_r)
+  s_l, s_r = pc.update_stats(b.s_l, b.s_r, g_rot, cfg.beta)
   b = b._replace(s_l=s_l, s_r=s_r)
   changed = pc.is_refresh(count, cfg.frequency)
-  refreshed = jax.lax.cond(
-      changed,
-      lambda x: jax.lax.cond(count == 0,
-                             functools.partial(_first_basis, lay=lay),
-                             functools.partial(_power_basis, lay=lay), x),
-      lambda x: x, b)
-  g_rot = pc.rotate(blocks, refreshed.q_l, refreshed.q_r)
+
+  def refresh(x):
+    x = jax.lax.cond(count == 0, functools.partial(_first_basis, lay=lay),
+                     functools.partial(_power_basis, lay=lay), x)
+    return x, pc.rotate(blocks, x.q_l, x.q_r)
+
+  # Between refreshes the gradient is rotated once, for both uses.
+  refreshed, g_rot = jax.lax.cond(changed, refresh, lambda x: (x, g_rot), b)
   direction, mu, nu = _adam(cfg, count, ages, g_rot, refreshed.mu,
                             refreshed.nu)
   direction = pc.unrotate(direction, refreshed.q_l, refreshed.q_r)
