@@ -80,6 +80,8 @@ from optax_q._src.weights import quantize_params
 
 __version__ = '0.1.0'
 
+from optax_q import quant  # pylint: disable=g-bad-import-order
+
 __all__ = (
     'AdaptiveBitsState',
     'BitPolicy',

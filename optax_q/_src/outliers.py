@@ -1,0 +1,175 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Outlier metrics of activations and the inputs of a model's linear layers.
+
+An activation is read as ``(tokens, features)``: every axis but the last
+is a token axis. The optimizer study reports the max-to-median (or
+max-to-mean) ratio per token, averaged over tokens, and the excess
+kurtosis of all entries or of the per-channel RMS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from optax_q._src import linear_quant
+from optax_q._src import validation
+
+KURTOSIS_KINDS = ('flat', 'rms')
+
+
+def _tokens(h) -> jax.Array:
+  h = jnp.asarray(h, jnp.float32)
+  if h.ndim == 0:
+    raise ValueError('an activation needs a feature axis, got a scalar.')
+  return jnp.abs(h.reshape(-1, h.shape[-1]))
+
+
+def max_to_median(h: jax.Array) -> jax.Array:
+  """Max-to-median ratio of ``|h|`` per token, averaged over tokens (MMR).
+
+  A token whose median magnitude is zero gives ``inf``.
+
+  Args:
+    h: Activations, ``(..., features)``.
+
+  Returns:
+    A float32 scalar.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from optax_q import quant
+    >>> quant.max_to_median(jnp.array([[1., 2., 8.], [1., 1., 1.]]))
+    Array(2.5, dtype=float32)
+
+  References:
+    Vlassis et al, `Beyond Outliers: A Study of Optimizers Under
+    Quantization <https://arxiv.org/abs/2509.23500>`_, 2025
+  """
+  a = _tokens(h)
+  return jnp.mean(jnp.max(a, axis=-1) / jnp.median(a, axis=-1))
+
+
+def max_to_mean(h: jax.Array) -> jax.Array:
+  """Max-to-mean ratio of ``|h|`` per token, averaged over tokens.
+
+  Args:
+    h: Activations, ``(..., features)``.
+
+  Returns:
+    A float32 scalar.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from optax_q import quant
+    >>> quant.max_to_mean(jnp.array([[1., 2., 9.], [1., 1., 1.]]))
+    Array(1.625, dtype=float32)
+  """
+  a = _tokens(h)
+  return jnp.mean(jnp.max(a, axis=-1) / jnp.mean(a, axis=-1))
+
+
+def kurtosis(h: jax.Array, *, kind: str = 'flat') -> jax.Array:
+  """Excess (Fisher) kurtosis ``E[(x - mean)^4] / var^2 - 3``.
+
+  ``'flat'``: of every entry of ``h``; ``'rms'``: of the per-channel root
+  mean squares ``sqrt(mean over tokens of h_j^2)`` (He et al., 2024).
+  A Gaussian gives 0. A constant gives NaN (zero variance).
+
+  Args:
+    h: Activations, ``(..., features)``.
+    kind: ``'flat'`` or ``'rms'``.
+
+  Returns:
+    A float32 scalar.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from optax_q import quant
+    >>> quant.kurtosis(jnp.array([-1., 1., -1., 1.]))
+    Array(-2., dtype=float32)
+
+  References:
+    He et al, `Understanding and Minimising Outlier Features in Transformer
+    Training <https://arxiv.org/abs/2405.19279>`_, 2024
+  """
+  kind = validation.check_choice(kind, 'kind', KURTOSIS_KINDS)
+  h = jnp.asarray(h, jnp.float32)
+  if kind == 'rms':
+    rows = h.reshape(-1, h.shape[-1]) if h.ndim else h
+    x = jnp.sqrt(jnp.mean(rows * rows, axis=0))
+  else:
+    x = h.reshape(-1)
+  d = x - jnp.mean(x)
+  var = jnp.mean(d * d)
+  return jnp.mean(d**4) / (var * var) - 3.0
+
+
+def layer_key(path: tuple[str, ...], method_name: str,
+              counts: dict[str, int]) -> str:
+  """``'block_0/mlp/fc_in'`` (``'#k'`` appended to a repeated call)."""
+  key = '/'.join(path) or '<root>'
+  if method_name not in ('__call__',):
+    key += f'.{method_name}'
+  n = counts.get(key, 0)
+  counts[key] = n + 1
+  return key if n == 0 else f'{key}#{n}'
+
+
+def linear_inputs(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """Wraps ``fn`` to also return the input of every linear layer it calls.
+
+  The wrapped function returns ``(fn's output, {layer: input})``, the
+  layers keyed by module path (``'block_0/attn/query'``); it works under
+  ``jit``. Feed the inputs to :func:`max_to_median` and :func:`kurtosis`.
+  Inside an active :func:`quantize_linear` the inputs are those the
+  quantized model produces (before the layer's own quantization).
+
+  Args:
+    fn: A function that applies a Flax Linen model.
+
+  Returns:
+    The wrapped function.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from optax_q import quant
+    >>> model = nn.Dense(3)
+    >>> params = model.init(jax.random.key(0), jnp.ones((2, 4)))
+    >>> _, inputs = quant.linear_inputs(model.apply)(params, jnp.ones((2, 4)))
+    >>> list(inputs)
+    ['<root>']
+  """
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    inputs, counts = {}, {}
+
+    def record(next_fun, args_, kwargs_, context):
+      module = context.module
+      if (linear_quant.is_linear(module, context.method_name)
+          and not module.is_initializing() and len(args_) == 1):
+        key = layer_key(module.path, context.method_name, counts)
+        inputs[key] = args_[0]
+      return next_fun(*args_, **kwargs_)
+
+    with nn.intercept_methods(record):
+      out = fn(*args, **kwargs)
+    return out, inputs
+  return wrapped

@@ -1,0 +1,67 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Model quantization: PTQ and QAT of Flax linear layers, outlier metrics,
+error propagation and quantized scaling laws.
+
+Not Optax transforms: tools to quantize a model's weights and activations
+and to study how the optimizer that trained it shapes the damage (Vlassis
+et al., "Beyond Outliers: A Study of Optimizers Under Quantization",
+arXiv 2509.23500).
+"""
+
+from optax_q._src.error_propagation import error_decomposition
+from optax_q._src.error_propagation import layer_errors
+from optax_q._src.error_propagation import LayerError
+from optax_q._src.error_propagation import linear_gain
+from optax_q._src.error_propagation import LinearGain
+from optax_q._src.error_propagation import relative_error
+from optax_q._src.linear_quant import LinearQuantization
+from optax_q._src.linear_quant import ptq
+from optax_q._src.linear_quant import qat
+from optax_q._src.linear_quant import quantize_linear
+from optax_q._src.outliers import kurtosis
+from optax_q._src.outliers import linear_inputs
+from optax_q._src.outliers import max_to_mean
+from optax_q._src.outliers import max_to_median
+from optax_q._src.quantizers import gaussian_clip
+from optax_q._src.quantizers import hadamard
+from optax_q._src.quantizers import Quantizer
+from optax_q._src.quantizers import quest
+from optax_q._src.quantizers import rtn
+from optax_q._src.scaling_law import fit_scaling_law
+from optax_q._src.scaling_law import ScalingLawFit
+
+__all__ = (
+    'LayerError',
+    'LinearGain',
+    'LinearQuantization',
+    'Quantizer',
+    'ScalingLawFit',
+    'error_decomposition',
+    'fit_scaling_law',
+    'gaussian_clip',
+    'hadamard',
+    'kurtosis',
+    'layer_errors',
+    'linear_gain',
+    'linear_inputs',
+    'max_to_mean',
+    'max_to_median',
+    'ptq',
+    'qat',
+    'quantize_linear',
+    'quest',
+    'relative_error',
+    'rtn',
+)
