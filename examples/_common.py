@@ -341,6 +341,24 @@ def init_params(model: gpt.GPT, seed: int) -> Any:
   return _param_init_fn(model)(jax.random.key(seed))
 
 
+def gpt_dims(params):
+  """Muon's axes for the GPT: the blocks' kernels (3-D attention kernels
+  reduce over the model axis); embeddings, head, biases and norms: Adam."""
+  dims = optax.contrib.MuonDimensionNumbers
+
+  def rule(path, leaf):
+    names = [getattr(k, 'key', '') for k in path]
+    if not names[0].startswith('block_') or names[-1] != 'kernel':
+      return None
+    if leaf.ndim == 2:
+      return dims(0, 1)
+    if names[-2] == 'out':
+      return dims((0, 1), 2)
+    return dims(0, (1, 2))
+
+  return jax.tree_util.tree_map_with_path(rule, params)
+
+
 def eval_batches(cfg: RunConfig, corpus: data.Corpus):
   return data.lm_eval_batches(corpus.val, cfg.batch_size, cfg.seq_len,
                               num_batches=cfg.eval_batches)

@@ -169,24 +169,6 @@ def mlp_digits() -> Problem:
                  lr=dict(adam=1e-3, muon=1e-2))
 
 
-def gpt_dims(params):
-  """Muon's axes for the GPT: the blocks' kernels (3-D attention kernels
-  reduce over the model axis); embeddings, head, biases and norms: Adam."""
-  dims = optax.contrib.MuonDimensionNumbers
-
-  def rule(path, leaf):
-    names = [getattr(k, 'key', '') for k in path]
-    if not names[0].startswith('block_') or names[-1] != 'kernel':
-      return None
-    if leaf.ndim == 2:
-      return dims(0, 1)
-    if names[-2] == 'out':
-      return dims((0, 1), 2)
-    return dims(0, (1, 2))
-
-  return jax.tree_util.tree_map_with_path(rule, params)
-
-
 def gpt(sizes: dict[str, int], corpus: data.Corpus) -> Problem:
   cfg = _common.RunConfig(**{k: v for k, v in sizes.items()})
   model = _common.make_model(cfg)
@@ -212,7 +194,7 @@ def gpt(sizes: dict[str, int], corpus: data.Corpus) -> Problem:
     return jnp.mean(losses)
 
   return Problem('gpt', init, loss, metric, 'final validation loss',
-                 lr=dict(adam=3e-3, muon=2e-2), muon_dims=gpt_dims,
+                 lr=dict(adam=3e-3, muon=2e-2), muon_dims=_common.gpt_dims,
                  clip_norm=1.0)
 
 
@@ -324,7 +306,7 @@ def muon8_optimizer(name: str, cfg, params, seed: int):
   if name == 'adamw fp32':
     return _common.make_optimizer(_common.FP32, cfg, seed)
   common = dict(adam_learning_rate=lr, weight_decay=cfg.weight_decay,
-                muon_weight_dimension_numbers=gpt_dims(params))
+                muon_weight_dimension_numbers=_common.gpt_dims(params))
   if name == 'muon fp32':
     tx = optax.contrib.muon(muon_lr, **common)
   elif name == 'muon 8-bit':

@@ -52,6 +52,7 @@ import staleness_simulation  # noqa: E402
 import study_bits  # noqa: E402
 import study_eco  # noqa: E402
 import study_fp_convergence  # noqa: E402
+import study_optimizers_quantization  # noqa: E402
 import study_lowbit  # noqa: E402
 import study_precision  # noqa: E402
 import study_second_order  # noqa: E402
@@ -61,7 +62,8 @@ import update_error  # noqa: E402
 
 SCRIPTS = (bench_step, demo, profile_step, staleness_simulation,
            study_bits, study_eco, study_lowbit, study_precision,
-           study_second_order, study_staleness, update_error)
+           study_optimizers_quantization, study_second_order, study_staleness,
+           update_error)
 
 # The same model and schedule for both scripts: compiled steps are shared.
 TINY = ['--d-model', '32', '--num-layers', '1', '--num-heads', '2',
@@ -535,6 +537,39 @@ class StudySecondOrderTest(_DocsUnchanged):
     md, _ = _quiet(study_second_order.main,
                    ['--render', '--out', str(self.out)])
     self.assertEqual(md, (results / 'second_order.md').read_text())
+
+
+class StudyOptimizersQuantizationTest(_DocsUnchanged):
+
+  def test_smoke_writes_its_files(self):
+    md, _ = _quiet(study_optimizers_quantization.main, [
+        '--mode', 'smoke', '--optimizers', 'adamw', 'muon',
+        '--out', str(self.out)])
+    self.assert_wrote('optimizers_quantization.json',
+                      'optimizers_quantization.md')
+    saved = json.loads(
+        (self.out / 'optimizers_quantization.json').read_text())
+    self.assertEqual(
+        [(t['optimizer'], t['width']) for t in saved['table']],
+        [('adamw', 32), ('muon', 32), ('adamw', 48), ('muon', 48)])
+    for t in saved['table']:
+      self.assertIsNotNone(t['qat_delta'])
+      self.assertIsNotNone(t['cl_ptq_delta'])
+    self.assertIn('python examples/study_optimizers_quantization.py',
+                  saved['meta']['command'])
+    self.assertIn('muon degrades most under PTQ', saved['claims'])
+    self.assertIn('| muon | 48 |', md)
+    again, _ = _quiet(study_optimizers_quantization.main,
+                      ['--render', '--out', str(self.out)])
+    self.assertEqual(again, md)
+
+  def test_published_page_is_its_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    shutil.copy(results / 'optimizers_quantization.json',
+                self.out / 'optimizers_quantization.json')
+    md, _ = _quiet(study_optimizers_quantization.main,
+                   ['--render', '--out', str(self.out)])
+    self.assertEqual(md, (results / 'optimizers_quantization.md').read_text())
 
 
 class ProfileStepTest(_DocsUnchanged):
