@@ -50,6 +50,7 @@ class HowToTest(parameterized.TestCase):
        'bit-identical: True'),
       ('fp_components', ['--steps', '8'], 'bit-identical: True'),
       ('second_order', ['--steps', '6'], 'bit-identical: True'),
+      ('model_quantization', ['--steps', '10'], 'bit-identical: True'),
   )
   def test_runs_and_checks(self, name, argv, expected):
     out = io.StringIO()
@@ -75,7 +76,7 @@ class HowToTest(parameterized.TestCase):
       self.assertIn(f'examples/howto/{name}.py', page)
     tested = {'nnx_checkpoint', 'linen_train_state', 'formats_and_schedules',
               'shard_state', 'memory_budget', 'master_free', 'fp_components',
-              'second_order'}
+              'second_order', 'model_quantization'}
     self.assertEqual(scripts, tested)
 
 

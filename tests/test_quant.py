@@ -432,5 +432,25 @@ class ScalingLawTest(parameterized.TestCase):
       quant.fit_scaling_law(**kwargs)
 
 
+class PublicApiTest(absltest.TestCase):
+
+  def test_every_name_documented_and_in_the_api_reference(self):
+    import inspect  # pylint: disable=g-import-not-at-top
+    import pathlib  # pylint: disable=g-import-not-at-top
+    import re  # pylint: disable=g-import-not-at-top
+    self.assertEqual(list(quant.__all__), sorted(quant.__all__))
+    api = (pathlib.Path(__file__).parents[1] / 'docs' / 'api.md').read_text()
+    listed = set(re.findall(r'^::: optax_q\.quant\.(\w+)$', api, flags=re.M))
+    self.assertEqual(listed, set(quant.__all__))
+    for name in quant.__all__:
+      obj = getattr(quant, name)
+      doc = inspect.getdoc(obj) or ''
+      if not inspect.isclass(obj):
+        for section in ('Args:', 'Returns:', 'Examples:'):
+          self.assertIn(section, doc, name)
+      else:
+        self.assertIn('Attributes:', doc, name)
+
+
 if __name__ == '__main__':
   absltest.main()
