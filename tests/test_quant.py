@@ -432,6 +432,149 @@ class ScalingLawTest(parameterized.TestCase):
       quant.fit_scaling_law(**kwargs)
 
 
+class EdgeCaseTest(parameterized.TestCase):
+  """Inputs an adversarial review found mishandled."""
+
+  def test_non_finite_rows_are_nan_and_zero_rows_zero(self):
+    for q in (quant.rtn(4), quant.quest(4, hadamard_block=None)):
+      out = q(jnp.array([[jnp.nan, 1.0], [jnp.inf, 1.0], [0.0, 0.0],
+                         [2.0, -1.0]]))
+      self.assertTrue(bool(jnp.all(jnp.isnan(out[:2]))), q)
+      np.testing.assert_array_equal(out[2], [0.0, 0.0])
+      self.assertTrue(bool(jnp.all(jnp.isfinite(out[3]))))
+
+  @parameterized.parameters(1e38, 3e38, float(np.finfo(np.float32).max),
+                            1e-36, 1e-20)
+  def test_any_finite_magnitude_stays_finite_and_scaled(self, scale):
+    x = jnp.array([[1.0, -0.5, 0.25, 0.75]]) * scale
+    for q in (quant.rtn(4), quant.rtn(16), quant.quest(4, hadamard_block=None),
+              quant.quest(2, grid='midtread', hadamard_block=None)):
+      for out in (q(x), jax.jit(q.__call__)(x)):
+        self.assertTrue(bool(jnp.all(jnp.isfinite(out))), (q, scale))
+        self.assertGreater(float(jnp.max(jnp.abs(out))), 0.1 * scale)
+
+  def test_midrise_is_odd_symmetric(self):
+    x = jnp.array([1.0, 2.0, 3.0, 0.0, 0.4, 2.5])
+    q = quant.rtn(2)
+    np.testing.assert_array_equal(q(-x[:3]), -q(x[:3]))
+    np.testing.assert_array_equal(q(jnp.array([1.0, -2.0, 3.0])),
+                                  [1.0, -3.0, 3.0])
+
+  def test_trust_mask_at_the_exact_boundary(self):
+    q = quant.quest(2, hadamard_block=None)
+    c = 1.4935  # QuEST's c_2; step = 2 c rms / 3.
+    x = jnp.array([2.0, -2.0, 0.0, 0.0])
+    rms = float(jnp.sqrt(jnp.mean(x * x)))
+    out, mask = q.forward(x)
+    step = 2 * c * rms / 3
+    # |x| / step = 2 / (2 * 1.4935 * 1.4142 / 3) = 1.42: inside 1.5 + 0.5.
+    self.assertEqual(float(mask[0]), 1.0)
+    self.assertLessEqual(float(jnp.max(jnp.abs(out))), 1.5 * step * 1.0001)
+
+  def test_zero_size_arrays_pass_through(self):
+    for shape in ((0,), (3, 0), (0, 4)):
+      self.assertEqual(quant.rtn(4)(jnp.zeros(shape)).shape, shape)
+      self.assertEqual(
+          quant.rtn(4, granularity='tensor')(jnp.zeros(shape)).shape, shape)
+
+  def test_metrics_are_scale_free(self):
+    h = np.asarray(_normal((64, 32), seed=21))
+    for kind in ('flat', 'rms'):
+      ref = float(quant.kurtosis(h, kind=kind))
+      for scale in (1e-12, 1e12, 1e30):
+        self.assertAlmostEqual(float(quant.kurtosis(h * scale, kind=kind)),
+                               ref, places=3)
+    self.assertAlmostEqual(float(quant.relative_error(
+        jnp.array([1e20, 2e20]), jnp.array([1.1e20, 2e20]))), 0.002,
+                           places=6)
+    self.assertAlmostEqual(float(quant.relative_error(
+        jnp.array([1e-25, 2e-25]), jnp.array([1.1e-25, 2e-25]))), 0.002,
+                           places=6)
+    self.assertAlmostEqual(float(quant.max_to_median(
+        jnp.array([[1e38, 2e38, 3e38]]))), 1.5, places=5)
+    with self.assertRaisesRegex(ValueError, 'non-empty'):
+      quant.max_to_median(jnp.zeros((3, 0)))
+    with self.assertRaisesRegex(ValueError, 'non-empty'):
+      quant.kurtosis(jnp.float32(1), kind='rms')
+
+  def test_nested_settings_innermost_wins(self):
+    dense = nn.Dense(4)
+    x = _normal((3, 8), seed=22)
+    params = dense.init(jax.random.key(0), x)
+    plain = dense.apply(params, x)
+    with quant.ptq(2):
+      with quant.ptq(8):
+        np.testing.assert_array_equal(dense.apply(params, x),
+                                      quant.ptq(8)(dense.apply)(params, x))
+      with quant.qat(4, enabled=False):
+        np.testing.assert_array_equal(dense.apply(params, x), plain)
+      _, inputs = quant.linear_inputs(dense.apply)(params, x)
+      self.assertEqual(list(inputs), ['<root>'])
+      out, out_q, _, _ = quant.layer_errors(dense.apply, quant.ptq(8))(
+          params, x)
+      np.testing.assert_array_equal(out, plain)
+      np.testing.assert_array_equal(out_q,
+                                    quant.ptq(8)(dense.apply)(params, x))
+    np.testing.assert_array_equal(dense.apply(params, x), plain)
+
+  def test_keyword_inputs_and_keyword_arguments(self):
+
+    class Scale(nn.Module):
+
+      @nn.compact
+      def __call__(self, x, factor=1.0):
+        return nn.Dense(4, name='fc')(inputs=x) * factor
+
+    class Net(nn.Module):
+
+      @nn.compact
+      def __call__(self, x):
+        return Scale(name='s')(x, factor=10.0)
+
+    net = Net()
+    x = _normal((3, 4), seed=23)
+    params = net.init(jax.random.key(0), x)
+    want = quant.ptq(8)(net.apply)(params, x)
+    for layers in (None, lambda path: path == ('s',)):
+      out, out_q, errors, _ = quant.layer_errors(
+          net.apply, quant.ptq(8), layers=layers)(params, x)
+      np.testing.assert_array_equal(out, net.apply(params, x))
+      np.testing.assert_allclose(out_q, want, rtol=1e-6)
+      for e in errors.values():
+        self.assertLess(float(e.r), 1e-3)
+    _, inputs = quant.linear_inputs(net.apply)(params, x)
+    self.assertEqual(list(inputs), ['s/fc'])
+
+  def test_more_bad_arguments(self):
+    with self.assertRaisesRegex(ValueError, 'weights'):
+      quant.LinearQuantization(weights='rtn')
+    with self.assertRaisesRegex(ValueError, 'hadamard_block'):
+      quant.LinearQuantization(quant.quest(4, hadamard_block=64),
+                               quant.quest(4, hadamard_block=128))
+    with self.assertRaisesRegex(ValueError, 'enabled'):
+      quant.LinearQuantization(enabled='no')
+    with self.assertRaisesRegex(ValueError, 'hadamard_block'):
+      quant.qat(4, method='ste', hadamard_block='x')
+    self.assertTrue(quant.ptq(4, weights=np.bool_(True)).weights)
+    with self.assertRaisesRegex(ValueError, 'bits'):
+      quant.gaussian_clip([4])
+    with self.assertRaisesRegex(ValueError, 'layers'):
+      quant.error_decomposition(None, jnp.ones(3))
+    with self.assertRaisesRegex(ValueError, 'shape'):
+      quant.linear_gain(jnp.ones((2, 3)), jnp.ones((2, 3)), jnp.ones((4, 2)),
+                        jnp.ones((4, 2)))
+    n = [1e5, 2e5, 5e5] * 2
+    with self.assertRaisesRegex(ValueError, 'distinct sizes'):
+      quant.fit_scaling_law(np.full(6, 1e6), np.linspace(2, 3, 6),
+                            [0, 0, 0, 1, 1, 1])
+    with self.assertRaisesRegex(ValueError, 'quantized'):
+      quant.fit_scaling_law(n, np.linspace(2, 3, 6), ['False'] * 3 + ['1'] * 3)
+    with self.assertRaisesRegex(ValueError, 'num_params'):
+      quant.fit_scaling_law(['1e5'] * 6, np.linspace(2, 3, 6))
+    with self.assertRaisesRegex(ValueError, 'num_params'):
+      quant.fit_scaling_law(None, np.linspace(2, 3, 6))
+
+
 class PublicApiTest(absltest.TestCase):
 
   def test_every_name_documented_and_in_the_api_reference(self):

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 
 from optax_q._src import linear_quant
 from optax_q._src import outliers
+from optax_q._src import quantizers
 
 LayerChoice = Callable[[tuple[str, ...]], bool]
 METHODS = ('__call__', 'attend')
@@ -108,8 +109,14 @@ def relative_error(reference: jax.Array, approx: jax.Array) -> jax.Array:
   if reference.shape != approx.shape:
     raise ValueError(f'reference and approx must have one shape, got '
                      f'{reference.shape} and {approx.shape}.')
-  return _sq(jnp.asarray(approx, jnp.float32)
-             - jnp.asarray(reference, jnp.float32)) / _sq(reference)
+  reference = jnp.asarray(reference, jnp.float32)
+  approx = jnp.asarray(approx, jnp.float32)
+  # Both divided by the reference's maximum: nothing overflows.
+  absmax = jnp.max(jnp.abs(reference))
+  pre = quantizers.prescale(absmax)
+  scale = jnp.where(absmax > 0, absmax * pre, 1.0)
+  return (_sq((approx * pre - reference * pre) / scale)
+          / _sq(reference * pre / scale))
 
 
 def split(h_in, hq_in, f_h, f_hq, fq_h, fq_hq) -> LayerError:
@@ -159,10 +166,14 @@ def error_decomposition(
     Vlassis et al, `Beyond Outliers: A Study of Optimizers Under
     Quantization <https://arxiv.org/abs/2509.23500>`_, 2025
   """
+  if not isinstance(layers, (list, tuple)):
+    raise ValueError(f'layers must be a list of (f, fq) pairs, got '
+                     f'{type(layers).__name__}.')
   h = hq = x
   out = []
   for i, pair in enumerate(layers):
-    if len(pair) != 2 or not all(callable(f) for f in pair):
+    if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+        or not all(callable(f) for f in pair)):
       raise ValueError(f'layers[{i}] must be a pair (f, fq) of functions.')
     f, fq = pair
     f_h, fq_hq = f(h), fq(hq)
@@ -190,7 +201,7 @@ def linear_gain(w: jax.Array, w_q: jax.Array, h: jax.Array,
     hq: Its input in the quantized network.
 
   Returns:
-    ``(G1, G2)``, float32 scalars.
+    ``(G1, G2)``, float32 scalars (``G2`` is NaN when ``hq == h``).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -201,8 +212,14 @@ def linear_gain(w: jax.Array, w_q: jax.Array, h: jax.Array,
     >>> float(g1), float(g2)
     (1.0, 1.0)
   """
-  w = jnp.asarray(w, jnp.float32)
-  m = 0.5 * (w + jnp.asarray(w_q, jnp.float32))
+  w, w_q = jnp.asarray(w, jnp.float32), jnp.asarray(w_q, jnp.float32)
+  if w.ndim != 2 or w_q.shape != w.shape:
+    raise ValueError(f'w must be a matrix and w_q of its shape, got '
+                     f'{w.shape} and {w_q.shape}.')
+  if jnp.shape(h) != jnp.shape(hq) or jnp.shape(h)[-1:] != w.shape[1:]:
+    raise ValueError(f'h and hq must have one shape ending in w\'s inputs '
+                     f'{w.shape[1]}, got {jnp.shape(h)} and {jnp.shape(hq)}.')
+  m = 0.5 * (w + w_q)
   h = jnp.asarray(h, jnp.float32)
   dh = jnp.asarray(hq, jnp.float32) - h
   norm_w, norm_m = _spectral(w), _spectral(m)
@@ -211,13 +228,35 @@ def linear_gain(w: jax.Array, w_q: jax.Array, h: jax.Array,
   return (norm_m / norm_w) ** 2, (cos_phi / cos_psi) ** 2
 
 
-def _chosen(layers: LayerChoice | None, context) -> bool:
+def _input(args, kwargs, context):
+  """A layer's input: its one positional argument, or a linear layer's
+  input by keyword."""
+  if linear_quant.is_linear(context.module, context.method_name):
+    return linear_quant.linear_input(args, kwargs, context)
+  return args[0]
+
+
+def _with_input(args, kwargs, context, x):
+  """``(args, kwargs)`` with the input replaced by ``x``."""
+  if args:
+    return (x,) + tuple(args[1:]), kwargs
+  name = 'query' if context.method_name == 'attend' else 'inputs'
+  return (), {**kwargs, name: x}
+
+
+def _chosen(layers: LayerChoice | None, context, args, kwargs) -> bool:
+  """Whether a call is a recorded layer: a chosen module (not while it is
+  being set up) called with one positional array (keywords pass through),
+  or a linear layer called with its input by keyword."""
   module, method = context.module, context.method_name
   if method not in METHODS or module.is_initializing():
     return False
-  if layers is None:
-    return linear_quant.is_linear(module, method)
-  return bool(layers(module.path))
+  linear = linear_quant.is_linear(module, method)
+  if not (layers(module.path) if layers is not None else linear):
+    return False
+  if len(args) == 1:
+    return True
+  return linear and not args and len(kwargs) == 1
 
 
 def _linear_record(quantization, context, h, hq, err: LayerError):
@@ -230,7 +269,7 @@ def _linear_record(quantization, context, h, hq, err: LayerError):
   return LinearGain(gain=err.a / err.r_in, spectral=g1, alignment=g2)
 
 
-def _call_again(module: nn.Module, next_fun, x):
+def _call_again(module: nn.Module, call, x):
   """Calls a module's method again within the same call.
 
   A compact method reserves its submodules' names on each call; Flax
@@ -241,7 +280,7 @@ def _call_again(module: nn.Module, next_fun, x):
   if module.scope is not None and module._state.in_compact_method:
     object.__setattr__(module, 'scope', module.scope.rewound())
     module._state.autoname_cursor = {}
-  return next_fun(x)
+  return call(x)
 
 
 def layer_errors(
@@ -256,8 +295,11 @@ def layer_errors(
   chosen layer's input and output, then under ``quantization``, where each
   chosen layer is also evaluated on the full-precision input and without
   quantization (four evaluations per layer). Layers must be modules
-  called with one array; a chosen layer inside another chosen one is not
-  recorded.
+  called with the input as the one positional argument (other keyword
+  arguments pass through unchanged; a linear layer may take its input by
+  keyword); a chosen layer inside another chosen one is not recorded. The
+  full-precision pass is full precision even inside another active
+  quantization.
 
   Args:
     fn: A function that applies a Flax Linen model (``model.apply``).
@@ -302,7 +344,7 @@ def layer_errors(
     seen, counts, busy = {}, {}, [False]
 
     def record(next_fun, args_, kwargs_, context):
-      if busy[0] or not _chosen(layers, context) or len(args_) != 1:
+      if busy[0] or not _chosen(layers, context, args_, kwargs_):
         return next_fun(*args_, **kwargs_)
       busy[0] = True
       try:
@@ -311,26 +353,32 @@ def layer_errors(
         busy[0] = False
       key = outliers.layer_key(context.module.path, context.method_name,
                                counts)
-      seen[key] = (args_[0], out)
+      seen[key] = (_input(args_, kwargs_, context), out)
       return out
 
-    with nn.intercept_methods(record):
+    # Full precision even inside another active quantization.
+    with nn.intercept_methods(record), linear_quant.suspended():
       out = fn(*args, **kwargs)
-    records, counts = {}, {}
+    records, gains, counts = {}, {}, {}
 
     def cross(next_fun, args_, kwargs_, context):
-      if busy[0] or not _chosen(layers, context) or len(args_) != 1:
+      if busy[0] or not _chosen(layers, context, args_, kwargs_):
         return next_fun(*args_, **kwargs_)
       key = outliers.layer_key(context.module.path, context.method_name,
                                counts)
       h, f_h = seen[key]
-      hq = args_[0]
+      hq = _input(args_, kwargs_, context)
+
+      def call(x):
+        a, k = _with_input(args_, kwargs_, context, x)
+        return next_fun(*a, **k)
+
       busy[0] = True
       try:
-        fq_hq = next_fun(hq)
-        fq_h = _call_again(context.module, next_fun, h)
+        fq_hq = call(hq)
+        fq_h = _call_again(context.module, call, h)
         with linear_quant.suspended():
-          f_hq = _call_again(context.module, next_fun, hq)
+          f_hq = _call_again(context.module, call, hq)
       finally:
         busy[0] = False
       err = records[key] = split(h, hq, f_h, f_hq, fq_h, fq_hq)
@@ -338,7 +386,6 @@ def layer_errors(
         gains[key] = _linear_record(quantization, context, h, hq, err)
       return fq_hq
 
-    gains = {}
     with nn.intercept_methods(cross), quantization:
       out_q = fn(*args, **kwargs)
     order = [k for k in seen if k in records]

@@ -24,7 +24,10 @@ full precision. Attention products, softmax, norms and embeddings lookups
 stay in full precision.
 
 Interception happens when the model is traced, so the same object works
-eagerly, under ``jit`` and under ``grad`` (QAT).
+eagerly, under ``jit`` and under ``grad`` (QAT), provided the function is
+traced while it is active: wrap the function before compiling it
+(``jax.jit(q(model.apply))``); a function already compiled outside is not
+traced again inside a ``with`` block. Nested settings: the innermost wins.
 """
 
 from __future__ import annotations
@@ -42,26 +45,82 @@ import jax
 import jax.numpy as jnp
 
 from optax_q._src import quantizers
+from optax_q._src import validation
 
 LayerFilter = Callable[[tuple[str, ...]], bool]
 
-# The interception contexts a LinearQuantization used as ``with`` holds open
-# (it is frozen, so they are kept here).
+# What the linear layers do, innermost last: a LinearQuantization, or None
+# (full precision). Every entry installs one dispatcher; only the innermost
+# dispatcher acts (the others pass the call on), so the innermost setting
+# wins and interceptors installed in between see every call.
+_STACK = contextvars.ContextVar('optax_q_linear_stack', default=())
+# Callbacks ``(module, method_name, x)`` told of every linear call.
+_OBSERVERS = contextvars.ContextVar('optax_q_linear_observers', default=())
+# The contexts a LinearQuantization used as ``with`` holds open (it is
+# frozen, so they are kept here).
 _OPEN: dict[int, list[Any]] = {}
 
-# Set while a computation must see the full-precision layers (the cross
-# terms of the error decomposition).
-_SUSPENDED = contextvars.ContextVar('optax_q_linear_suspended', default=False)
+
+def current() -> Any:
+  """The innermost active setting (a LinearQuantization or None)."""
+  stack = _STACK.get()
+  return stack[-1] if stack else None
 
 
 @contextlib.contextmanager
-def suspended() -> Iterator[None]:
-  """Full-precision linear layers inside, whatever is active outside."""
-  token = _SUSPENDED.set(True)
+def active_setting(setting: Any) -> Iterator[None]:
+  """Makes ``setting`` (a LinearQuantization or None) the innermost."""
+  level = len(_STACK.get())
+  token = _STACK.set(_STACK.get() + (setting,))
   try:
-    yield
+    with nn.intercept_methods(functools.partial(_dispatch, level)):
+      yield
   finally:
-    _SUSPENDED.reset(token)
+    _STACK.reset(token)
+
+
+def suspended():
+  """Full-precision linear layers inside, whatever is active outside."""
+  return active_setting(None)
+
+
+@contextlib.contextmanager
+def observing(callback: Callable[..., None]) -> Iterator[None]:
+  """Calls ``callback(module, method_name, x)`` for every linear call
+  inside, the active setting unchanged."""
+  token = _OBSERVERS.set(_OBSERVERS.get() + (callback,))
+  try:
+    with active_setting(current()):
+      yield
+  finally:
+    _OBSERVERS.reset(token)
+
+
+def linear_input(args, kwargs, context) -> jax.Array:
+  """The input of a linear call (positional, or by its keyword)."""
+  name = 'query' if context.method_name == 'attend' else 'inputs'
+  if len(args) == 1 and not kwargs:
+    return args[0]
+  if not args and set(kwargs) == {name}:
+    return kwargs[name]
+  raise ValueError(
+      f'optax_q.quant: {"/".join(context.module.path) or "the root module"}'
+      f' ({type(context.module).__name__}) called with arguments other '
+      f'than its input {name!r}.')
+
+
+def _dispatch(level, next_fun, args, kwargs, context):
+  module, method = context.module, context.method_name
+  if (level != len(_STACK.get()) - 1 or not is_linear(module, method)
+      or module.is_initializing()):
+    return next_fun(*args, **kwargs)
+  x = linear_input(args, kwargs, context)
+  for callback in _OBSERVERS.get():
+    callback(module, method, x)
+  setting = current()
+  if setting is None or not setting.active(module, method):
+    return next_fun(*args, **kwargs)
+  return setting.linear(module, method, x)
 
 
 def is_linear(module: nn.Module, method_name: str) -> bool:
@@ -127,6 +186,9 @@ class LinearQuantization:
   layers: LayerFilter | None = None
   enabled: bool = True
 
+  def __post_init__(self):
+    check_setting(self.weights, self.activations, self.layers, self.enabled)
+
   @property
   def hadamard_block(self) -> int | None:
     blocks = {q.hadamard_block for q in (self.weights, self.activations)
@@ -135,7 +197,7 @@ class LinearQuantization:
 
   def active(self, module: nn.Module, method_name: str) -> bool:
     """Whether this call is quantized."""
-    return (self.enabled and not _SUSPENDED.get()
+    return (self.enabled
             and (self.weights is not None or self.activations is not None)
             and is_linear(module, method_name)
             and not module.is_initializing()
@@ -174,18 +236,8 @@ class LinearQuantization:
     y = y.reshape(y.shape[:-1] + tuple(features))
     return y if bias is None else y + bias.astype(dtype)
 
-  def interceptor(self, next_fun, args, kwargs, context):
-    """The ``nn.intercept_methods`` interceptor."""
-    if not self.active(context.module, context.method_name):
-      return next_fun(*args, **kwargs)
-    if len(args) != 1 or kwargs:
-      raise ValueError(
-          f'quantize_linear: {type(context.module).__name__} called with '
-          'arguments other than one input array.')
-    return self.linear(context.module, context.method_name, args[0])
-
   def __enter__(self):
-    context = nn.intercept_methods(self.interceptor)
+    context = active_setting(self)
     context.__enter__()
     _OPEN.setdefault(id(self), []).append(context)
     return self
@@ -200,9 +252,29 @@ class LinearQuantization:
   def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-      with nn.intercept_methods(self.interceptor):
+      with active_setting(self):
         return fn(*args, **kwargs)
     return wrapped
+
+
+def check_setting(weights, activations, layers, enabled) -> None:
+  """The checks of :class:`LinearQuantization`'s fields."""
+  for name, q in (('weights', weights), ('activations', activations)):
+    if q is not None and not isinstance(q, quantizers.Quantizer):
+      raise ValueError(
+          f'{name} must be an optax_q.quant.Quantizer (from quant.rtn or '
+          f'quant.quest) or None, got {type(q).__name__}.')
+  blocks = {q.hadamard_block for q in (weights, activations)
+            if q is not None and q.hadamard_block is not None}
+  if len(blocks) > 1:
+    raise ValueError(
+        f'weights and activations must share one hadamard_block (the '
+        f'rotation cancels only when both operands get the same one), got '
+        f'{sorted(blocks)}.')
+  if layers is not None and not callable(layers):
+    raise ValueError(f'layers must be a function of the module path or '
+                     f'None, got {type(layers).__name__}.')
+  validation.check_bool(enabled, 'enabled')
 
 
 def quantize_linear(
@@ -227,12 +299,19 @@ def quantize_linear(
   are rotated (and zero-padded to a multiple of the block). When both
   quantizers set a Hadamard block they must set the same one.
 
+  Settings nest: inside another active one, the innermost decides (an
+  inner ``enabled=False`` gives the plain layers). Quantization is decided
+  when the model is traced: wrap a function before ``jax.jit``
+  (``jax.jit(q(model.apply))``); a function compiled outside is not traced
+  again inside a ``with`` block.
+
   Args:
     weights: A :class:`Quantizer` for the kernels (None: full precision).
     activations: A :class:`Quantizer` for the layers' inputs (None: full
       precision).
-    layers: ``layers(path) -> bool`` on the module path, e.g.
-      ``lambda path: path[-1] != 'head'`` (None: every linear layer).
+    layers: ``layers(path) -> bool`` on the module path (a tuple of
+      names; ``()`` for a root module), e.g.
+      ``lambda path: 'head' not in path`` (None: every linear layer).
     enabled: False turns it off (the plain model).
 
   Returns:
@@ -258,24 +337,8 @@ def quantize_linear(
     Vlassis et al, `Beyond Outliers: A Study of Optimizers Under
     Quantization <https://arxiv.org/abs/2509.23500>`_, 2025
   """
-  for name, q in (('weights', weights), ('activations', activations)):
-    if q is not None and not isinstance(q, quantizers.Quantizer):
-      raise ValueError(
-          f'{name} must be an optax_q.quant.Quantizer (from quant.rtn or '
-          f'quant.quest) or None, got {type(q).__name__}.')
-  blocks = {q.hadamard_block for q in (weights, activations)
-            if q is not None and q.hadamard_block is not None}
-  if len(blocks) > 1:
-    raise ValueError(
-        f'weights and activations must share one hadamard_block (the '
-        f'rotation cancels only when both operands get the same one), got '
-        f'{sorted(blocks)}.')
-  if layers is not None and not callable(layers):
-    raise ValueError(f'layers must be a function of the module path or '
-                     f'None, got {type(layers).__name__}.')
-  if not isinstance(enabled, bool):
-    raise ValueError(f'enabled must be a bool, got {enabled!r}.')
-  return LinearQuantization(weights, activations, layers, enabled)
+  return LinearQuantization(weights, activations, layers,
+                            validation.check_bool(enabled, 'enabled'))
 
 
 def ptq(bits: int = 4, *, weights: bool = True, activations: bool = True,
@@ -338,6 +401,7 @@ def qat(bits: int = 4, *, method: str = 'quest',
     >>> quant.qat(4).activations.hadamard_block
     128
   """
+  hadamard_block = quantizers.check_hadamard_block(hadamard_block)
   if method == 'quest':
     q = quantizers.quest(bits, hadamard_block=hadamard_block)
   elif method == 'ste':
@@ -351,6 +415,4 @@ def qat(bits: int = 4, *, method: str = 'quest',
 
 
 def _flag(value, name: str) -> bool:
-  if not isinstance(value, bool):
-    raise ValueError(f'{name} must be a bool, got {value!r}.')
-  return value
+  return validation.check_bool(value, name)

@@ -25,27 +25,39 @@ from collections.abc import Callable
 import functools
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from optax_q._src import linear_quant
+from optax_q._src import quantizers
 from optax_q._src import validation
 
 KURTOSIS_KINDS = ('flat', 'rms')
 
 
 def _tokens(h) -> jax.Array:
+  """``|h|`` as ``(tokens, features)``, each token divided by its maximum
+  (the ratios do not change; nothing overflows)."""
   h = jnp.asarray(h, jnp.float32)
-  if h.ndim == 0:
-    raise ValueError('an activation needs a feature axis, got a scalar.')
-  return jnp.abs(h.reshape(-1, h.shape[-1]))
+  if h.ndim == 0 or h.size == 0:
+    raise ValueError(f'an activation needs a non-empty feature axis, got '
+                     f'shape {h.shape}.')
+  return unit(jnp.abs(h.reshape(-1, h.shape[-1])), axis=-1)
+
+
+def unit(x: jax.Array, axis=None) -> jax.Array:
+  """``x`` divided by its maximum magnitude (along ``axis``), without
+  overflow or subnormal reciprocals."""
+  absmax = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
+  pre = quantizers.prescale(absmax)
+  return (x * pre) / (absmax * pre)
 
 
 def max_to_median(h: jax.Array) -> jax.Array:
   """Max-to-median ratio of ``|h|`` per token, averaged over tokens (MMR).
 
-  A token whose median magnitude is zero gives ``inf``.
+  A token whose median magnitude is zero gives ``inf`` (an all-zero token:
+  NaN).
 
   Args:
     h: Activations, ``(..., features)``.
@@ -63,8 +75,7 @@ def max_to_median(h: jax.Array) -> jax.Array:
     Vlassis et al, `Beyond Outliers: A Study of Optimizers Under
     Quantization <https://arxiv.org/abs/2509.23500>`_, 2025
   """
-  a = _tokens(h)
-  return jnp.mean(jnp.max(a, axis=-1) / jnp.median(a, axis=-1))
+  return jnp.mean(1 / jnp.median(_tokens(h), axis=-1))
 
 
 def max_to_mean(h: jax.Array) -> jax.Array:
@@ -74,16 +85,16 @@ def max_to_mean(h: jax.Array) -> jax.Array:
     h: Activations, ``(..., features)``.
 
   Returns:
-    A float32 scalar.
+    A float32 scalar (an all-zero token gives NaN).
 
   Examples:
     >>> import jax.numpy as jnp
     >>> from optax_q import quant
-    >>> quant.max_to_mean(jnp.array([[1., 2., 9.], [1., 1., 1.]]))
-    Array(1.625, dtype=float32)
+    >>> round(float(quant.max_to_mean(jnp.array([[1., 2., 9.],
+    ...                                          [1., 1., 1.]]))), 4)
+    1.625
   """
-  a = _tokens(h)
-  return jnp.mean(jnp.max(a, axis=-1) / jnp.mean(a, axis=-1))
+  return jnp.mean(1 / jnp.mean(_tokens(h), axis=-1))
 
 
 def kurtosis(h: jax.Array, *, kind: str = 'flat') -> jax.Array:
@@ -112,12 +123,17 @@ def kurtosis(h: jax.Array, *, kind: str = 'flat') -> jax.Array:
   """
   kind = validation.check_choice(kind, 'kind', KURTOSIS_KINDS)
   h = jnp.asarray(h, jnp.float32)
+  if h.size == 0 or (kind == 'rms' and h.ndim == 0):
+    raise ValueError(f'kurtosis needs a non-empty array (with a feature '
+                     f"axis for kind='rms'), got shape {h.shape}.")
   if kind == 'rms':
-    rows = h.reshape(-1, h.shape[-1]) if h.ndim else h
+    rows = h.reshape(-1, h.shape[-1])
+    rows = unit(rows)  # Scale-free; nothing overflows.
     x = jnp.sqrt(jnp.mean(rows * rows, axis=0))
   else:
     x = h.reshape(-1)
-  d = x - jnp.mean(x)
+  x = unit(x)
+  d = unit(x - jnp.mean(x))
   var = jnp.mean(d * d)
   return jnp.mean(d**4) / (var * var) - 3.0
 
@@ -161,15 +177,10 @@ def linear_inputs(fn: Callable[..., Any]) -> Callable[..., Any]:
   def wrapped(*args, **kwargs):
     inputs, counts = {}, {}
 
-    def record(next_fun, args_, kwargs_, context):
-      module = context.module
-      if (linear_quant.is_linear(module, context.method_name)
-          and not module.is_initializing() and len(args_) == 1):
-        key = layer_key(module.path, context.method_name, counts)
-        inputs[key] = args_[0]
-      return next_fun(*args_, **kwargs_)
+    def record(module, method_name, x):
+      inputs[layer_key(module.path, method_name, counts)] = x
 
-    with nn.intercept_methods(record):
+    with linear_quant.observing(record):
       out = fn(*args, **kwargs)
     return out, inputs
   return wrapped

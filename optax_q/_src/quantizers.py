@@ -54,8 +54,18 @@ GRANULARITY_ALIASES = {'token': 'row', 'channel': 'row'}
 GRADIENTS = ('ste', 'trust')
 MIN_BITS, MAX_BITS = 2, 16
 MAX_HADAMARD = 2**14
+_BIG = 2.0**64
+_F32_MAX = float(np.finfo(np.float32).max)
 # QuEST's table of c_b for the mid-rise grid (Panferov et al., 2025).
 QUEST_CLIP = {2: 1.4935, 4: 2.5139, 8: 3.8849}
+
+
+def prescale(absmax: jax.Array) -> jax.Array:
+  """An exact power of two bringing ``absmax`` into ``[2**-64, 2**64]``
+  (1 where it is already there), so that values divided by a maximum or a
+  step neither overflow nor go subnormal."""
+  return jnp.where(absmax > _BIG, 1 / _BIG,
+                   jnp.where(absmax < 1 / _BIG, _BIG, 1.0))
 
 
 def levels(bits: int, grid: str) -> float:
@@ -83,7 +93,6 @@ def _gaussian_mse(step: float, bits: int, grid: str) -> float:
   return float(np.sum(m2 - 2 * values * m1 + values**2 * cdf))
 
 
-@functools.cache
 def gaussian_clip(bits: int, grid: str = 'midrise') -> float:
   """QuEST's ``c_b``: the outer level, in standard deviations, of the
   uniform grid of ``2**bits`` levels with the least mean squared error on a
@@ -91,7 +100,7 @@ def gaussian_clip(bits: int, grid: str = 'midrise') -> float:
 
   Computed (golden-section search on the closed-form error). For the
   mid-rise grid it gives QuEST's ``c_2 = 1.4935`` and ``c_4 = 2.5139`` to
-  1e-4 (tested); at 8 bits it gives 3.9222 where QuEST's table has 3.8849
+  2e-4 (tested); at 8 bits it gives 3.9222 where QuEST's table has 3.8849
   (the error is flat there: 8.769e-5 against 8.782e-5, checked by
   quadrature). :func:`quest` uses QuEST's table (:data:`QUEST_CLIP`) where
   it has the width and grid, and this function elsewhere.
@@ -112,8 +121,12 @@ def gaussian_clip(bits: int, grid: str = 'midrise') -> float:
     Panferov et al, `QuEST: Stable Training of LLMs with 1-Bit Weights and
     Activations <https://arxiv.org/abs/2502.05003>`_, 2025
   """
-  bits = _check_bits(bits)
-  grid = validation.check_choice(grid, 'grid', GRIDS)
+  return _gaussian_clip(_check_bits(bits),
+                       validation.check_choice(grid, 'grid', GRIDS))
+
+
+@functools.cache
+def _gaussian_clip(bits: int, grid: str) -> float:
   top = levels(bits, grid)
   lo, hi = 1e-3 / top, 12.0 / top
   ratio = (math.sqrt(5) - 1) / 2
@@ -238,25 +251,33 @@ class Quantizer:
     axes = (tuple(range(xf.ndim)) if self.granularity == 'tensor'
             else (xf.ndim - 1,))
     top = levels(self.bits, self.grid)
-    reach = jnp.max(jnp.abs(xf), axis=axes, keepdims=True)
+    absmax = jnp.max(jnp.abs(xf), axis=axes, keepdims=True)
+    # Rows far from 1 are scaled by an exact power of two first, so that
+    # neither their RMS nor their step overflows or goes subnormal.
+    pre = prescale(absmax)
+    xs, reach = xf * pre, absmax * pre
     if self.method == 'quest':
-      # The RMS taken relative to the maximum, which cannot overflow.
-      unit = xf / jnp.where(reach > 0, reach, jnp.float32(1))
+      unit = xs / jnp.where(reach > 0, reach, 1.0)
       reach = clip_of(self.bits, self.grid) * reach * jnp.sqrt(
           jnp.mean(unit * unit, axis=axes, keepdims=True))
     # Mid-rise: 2 reach / (2**bits - 1); mid-tread: reach / (2**(b-1) - 1).
     step = reach / top
-    safe = jnp.where(step > 0, step, jnp.float32(1))
-    y = xf / safe
+    y = xs / jnp.where(step > 0, step, 1.0)
     if self.grid == 'midrise':
-      codes = jnp.clip(jnp.floor(y) + 0.5, -top, top)
+      # Odd-symmetric: ties (integer |y|) away from zero, zero to +step/2.
+      mag = jnp.floor(jnp.abs(y)) + 0.5
+      codes = jnp.where(y < 0, -1.0, 1.0) * jnp.minimum(mag, top)
     else:
       codes = jnp.clip(rounding_lib.round_int(y, None), -top, top)
-    out = jnp.where(step > 0, codes * step, jnp.zeros_like(xf))
+    out = rounding_lib.saturate(codes * step / pre, _F32_MAX,
+                                infinities=True)
+    # A zero row stays zero; a row with a NaN or an infinity is NaN.
+    out = jnp.where(step > 0, out, jnp.where(absmax == 0, 0.0, jnp.nan))
+    out = jnp.where(jnp.isfinite(absmax), out, jnp.nan)
     mask = None
     if self.gradient == 'trust':
-      # Not clipped: within half a step of the outer level.
-      mask = (jnp.abs(y) <= top + 0.5).astype(jnp.float32)
+      # Not clipped: strictly within half a step of the outer level.
+      mask = (jnp.abs(y) < top + 0.5).astype(jnp.float32)
     return out, mask
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -266,6 +287,8 @@ class Quantizer:
     if x.ndim == 0:
       raise ValueError('Quantizer needs an array with a last axis, got a '
                        'scalar.')
+    if x.size == 0:
+      return x
     return _fake_quantize(self, x)
 
 
@@ -303,7 +326,11 @@ def rtn(bits: int = 4, *, granularity: str = 'row', grid: str = 'midrise',
   ``step = 2 absmax / (2**bits - 1)``, values at ``(k + 1/2) step``
   (``2**bits`` levels, no zero; the optimizer study's quantizer).
   Mid-tread: ``step = absmax / (2**(bits-1) - 1)``, values at ``k step``.
-  A row of zeros stays zero. Non-finite inputs give non-finite rows.
+  The mid-rise grid is odd-symmetric: values at exact level boundaries
+  round away from zero, and zero to ``+step/2``. A row of zeros stays zero;
+  a row holding a NaN or an infinity comes out NaN. Rows of any finite
+  magnitude give finite values (rows scaled by an exact power of two
+  first; values below float32's normal range may flush to zero).
 
   Args:
     bits: 2 to 16.
@@ -319,9 +346,9 @@ def rtn(bits: int = 4, *, granularity: str = 'row', grid: str = 'midrise',
   Examples:
     >>> import jax.numpy as jnp
     >>> from optax_q import quant
-    >>> quant.rtn(2)(jnp.array([1., -2., 3.]))
-    Array([ 1., -1.,  3.], dtype=float32)
-    >>> quant.rtn(2, grid='midtread')(jnp.array([1., -2., 3.]))
+    >>> quant.rtn(2)(jnp.array([1., -2.5, 3.]))
+    Array([ 1., -3.,  3.], dtype=float32)
+    >>> quant.rtn(2, grid='midtread')(jnp.array([1., -2.5, 3.]))
     Array([ 0., -3.,  3.], dtype=float32)
 
   References:

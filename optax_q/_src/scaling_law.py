@@ -86,6 +86,18 @@ def _fit_once(log_n, quantized, log_l, delta: float):
   return best.x
 
 
+def _vector(value, name: str) -> np.ndarray:
+  try:
+    v = np.asarray(value)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'{name} must be a 1-D sequence of numbers.') from e
+  if v.ndim != 1 or not np.issubdtype(v.dtype, np.number) or np.issubdtype(
+      v.dtype, np.bool_):
+    raise ValueError(f'{name} must be a 1-D sequence of numbers, got '
+                     f'{validation.short(value)}.')
+  return v.astype(np.float64)
+
+
 def fit_scaling_law(num_params, loss, quantized=None, *,
                     huber_delta: float = 1e-3) -> ScalingLawFit:
   """Fits ``L = a / (N rho)^alpha + e`` (``rho`` on quantized points only).
@@ -100,9 +112,14 @@ def fit_scaling_law(num_params, loss, quantized=None, *,
   Returns:
     A :class:`ScalingLawFit`.
 
+  The fit is bounded: ``alpha`` in ``(0, 4]``, ``rho`` in ``[1e-3, 10]``,
+  ``e`` in ``[0, min(loss))``; a value at a bound says the data do not
+  pin it down.
+
   Raises:
-    ValueError: mismatched lengths, fewer than 4 points, non-positive or
-      non-finite values, or a quantized set without a full-precision point.
+    ValueError: not 1-D numeric sequences, mismatched lengths, fewer than 4
+      points or 3 distinct sizes, non-positive or non-finite values, or
+      quantized points without a full-precision point.
 
   Examples:
     >>> import numpy as np
@@ -120,10 +137,15 @@ def fit_scaling_law(num_params, loss, quantized=None, *,
     Kumar et al, `Scaling Laws for Precision
     <https://arxiv.org/abs/2411.04330>`_, 2024
   """
-  n = np.asarray(num_params, np.float64).reshape(-1)
-  loss = np.asarray(loss, np.float64).reshape(-1)
-  quantized = (np.zeros(n.shape, bool) if quantized is None
-               else np.asarray(quantized, bool).reshape(-1))
+  n, loss = _vector(num_params, 'num_params'), _vector(loss, 'loss')
+  if quantized is None:
+    quantized = np.zeros(n.shape, bool)
+  else:
+    quantized = np.asarray(quantized)
+    if quantized.ndim != 1 or not (
+        quantized.dtype == bool or np.isin(quantized, (0, 1)).all()):
+      raise ValueError('quantized must be a 1-D sequence of booleans.')
+    quantized = quantized.astype(bool)
   delta = validation.check_number(huber_delta, 'huber_delta', closed='()',
                                  concrete=True)
   if not n.size == loss.size == quantized.size:
@@ -134,6 +156,9 @@ def fit_scaling_law(num_params, loss, quantized=None, *,
   for name, v in (('num_params', n), ('loss', loss)):
     if not (np.all(np.isfinite(v)) and np.all(v > 0)):
       raise ValueError(f'{name} must be finite and positive.')
+  if np.unique(n).size < 3:
+    raise ValueError(f'fitting needs at least 3 distinct sizes, got '
+                     f'{np.unique(n).size}.')
   if quantized.all():
     raise ValueError('quantized points need full-precision points to be '
                      'compared with (rho is relative to them).')
