@@ -541,6 +541,7 @@ class StudySecondOrderTest(_DocsUnchanged):
 
 class StudyOptimizersQuantizationTest(_DocsUnchanged):
 
+  @pytest.mark.slow  # About a minute: eight models trained and quantized.
   def test_smoke_writes_its_files(self):
     md, _ = _quiet(study_optimizers_quantization.main, [
         '--mode', 'smoke', '--optimizers', 'adamw', 'muon',
