@@ -328,7 +328,9 @@ def scaling_fits(rows) -> dict[str, Any]:
            for (n, _), r in best.items() if n == name]
     pts += [(r['num_params'], r['val_loss'], True)
             for r in rows if r['qat'] and r['optimizer'] == name]
-    if len(pts) < 4 or not any(p[2] for p in pts):
+    # The fit needs 4 points at 3 sizes or more (quick mode has two).
+    if (len(pts) < 4 or len({p[0] for p in pts}) < 3
+        or not any(p[2] for p in pts)):
       continue
     n, loss, q = map(np.asarray, zip(*pts))
     fit = quant.fit_scaling_law(n, loss, q)
