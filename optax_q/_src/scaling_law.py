@@ -28,6 +28,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 from scipy import optimize
 
 from optax_q._src import validation
@@ -98,7 +99,8 @@ def _vector(value, name: str) -> np.ndarray:
   return v.astype(np.float64)
 
 
-def fit_scaling_law(num_params, loss, quantized=None, *,
+def fit_scaling_law(num_params: npt.ArrayLike, loss: npt.ArrayLike,
+                    quantized: npt.ArrayLike | None = None, *,
                     huber_delta: float = 1e-3) -> ScalingLawFit:
   """Fits ``L = a / (N rho)^alpha + e`` (``rho`` on quantized points only).
 
