@@ -511,16 +511,30 @@ def make_parser():
   parser = argparse.ArgumentParser(
       description=__doc__.split('\n')[0],
       formatter_class=_common.HelpFormatter)
-  parser.add_argument('--mode', choices=sorted(MODES), default='quick')
-  parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+  parser.add_argument('--mode', choices=sorted(MODES), default='quick',
+                      help='quick: a 1-layer GPT and the ViT, 200 steps '
+                      'each (minutes); full: a 2-layer GPT and the ViT, '
+                      '1000 steps each')
+  parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2],
+                      help='seeds; each runs every task and config')
   parser.add_argument('--tasks', nargs='+', default=['lm', 'vit'],
-                      choices=['lm', 'vit'])
+                      choices=['lm', 'vit'],
+                      help='lm: the byte-level GPT; vit: the small ViT on '
+                      'the digits')
   parser.add_argument('--configs', nargs='+', default=list(CONFIGS),
-                      choices=list(CONFIGS))
+                      choices=list(CONFIGS),
+                      help='state formats compared: fixed (fp32, int8, '
+                      '4bit = nf4 + ue4m0) and adaptive ladders; must '
+                      'include fp32, the baseline')
   parser.add_argument('--steps', type=int, default=None,
-                      help="override both tasks' steps (smoke tests)")
-  parser.add_argument('--overhead-reps', type=int, default=100)
-  parser.add_argument('--no-progress', action='store_true')
+                      help="override both tasks' steps (smoke tests; "
+                      "default: the mode's)")
+  parser.add_argument('--overhead-reps', type=int, default=100,
+                      help='timed calls of each step in the step-time '
+                      'overhead measurement (needs the lm task and the '
+                      'adaptive config)')
+  parser.add_argument('--no-progress', action='store_true',
+                      help='no progress bars (for logs)')
   parser.add_argument(
       '--render', action='store_true',
       help='only re-render the page and plots from the JSON in --out')

@@ -645,17 +645,27 @@ float32's over the swept M.
 def make_parser():
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=_common.HelpFormatter)
-  p.add_argument('--mode', choices=tuple(MODES), default='full')
+  p.add_argument('--mode', choices=tuple(MODES), default='full',
+                 help='full: 3 seeds, every mantissa width, thousands of '
+                 'steps; quick: 2 seeds, 2 mantissa widths, fewer steps '
+                 '(minutes); smoke: a few steps of every section (for the '
+                 'tests)')
   p.add_argument('--sections', nargs='+',
                  default=['rosenbrock', 'mlp', 'gpt', 'scaling', 'muon8'],
-                 choices=['rosenbrock', 'mlp', 'gpt', 'scaling', 'muon8'])
+                 choices=['rosenbrock', 'mlp', 'gpt', 'scaling', 'muon8'],
+                 help='parts of the study to run, in this order (see the '
+                 'module docstring); with --update, the ones re-run')
   p.add_argument('--render', action='store_true',
-                 help='only re-write the page and plots from the JSON')
+                 help='only re-write fp_convergence.{json,md} and the '
+                 'plots from the rows of the fp_convergence.json in --out '
+                 '(no training)')
   p.add_argument('--update', action='store_true',
                  help='re-run only --sections and replace their rows in '
                  'the JSON in --out (its meta records every run)')
-  p.add_argument('--data', default=None, help='a text file to train on '
-                 '(default: the standard library corpus)')
+  p.add_argument('--data', default=None, help='a text file to train the '
+                 "gpt and muon8 sections on (default: the Python standard "
+                 "library's own sources); its first 8,000,000 bytes either "
+                 'way')
   _common.add_out_argument(p, __file__)
   return p
 

@@ -515,7 +515,8 @@ def make_parser():
   parser.add_argument('--steps', type=int, default=1500,
                       help='training steps of each run')
   parser.add_argument('--only', nargs='*', default=None,
-                      help='train only these configurations (fp32 always)')
+                      help='train only these configurations, and fp32 '
+                      '(default: all)')
   parser.add_argument('--no-peers', action='store_true',
                       help='skip the PyTorch, torchao rows')
   parser.add_argument('--codec-shape', type=int, nargs=2, default=[256, 1024],

@@ -448,12 +448,22 @@ def make_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       description=__doc__.split('\n\n')[0],
       formatter_class=_common.HelpFormatter)
-  parser.add_argument('--mode', choices=sorted(MODES), default='full')
+  parser.add_argument('--mode', choices=sorted(MODES), default='full',
+                      help='full: three widths, three learning rates, 1000 '
+                      'steps; quick: two widths, one learning rate, 150 '
+                      'steps; smoke: a few steps of a tiny model (for the '
+                      'tests)')
   parser.add_argument('--optimizers', nargs='+', choices=OPTIMIZERS,
-                      default=list(OPTIMIZERS))
+                      default=list(OPTIMIZERS),
+                      help='optimizers trained (float32, then PTQ and QAT)')
   parser.add_argument('--render', action='store_true',
-                      help='only re-render the page from the JSON')
-  parser.add_argument('--data', default=None, help='corpus path')
+                      help='only re-write optimizers_quantization.{json,md} '
+                      'from the rows of the optimizers_quantization.json in '
+                      '--out (no training)')
+  parser.add_argument('--data', default=None,
+                      help='train on this text file (default: the Python '
+                      "standard library's own sources); its first "
+                      '8,000,000 bytes either way')
   _common.add_out_argument(parser, __file__)
   return parser
 

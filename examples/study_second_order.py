@@ -258,14 +258,25 @@ def make_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       description=__doc__.split('\n\n')[0],
       formatter_class=_common.HelpFormatter)
-  parser.add_argument('--mode', choices=sorted(MODES), default='full')
+  parser.add_argument('--mode', choices=sorted(MODES), default='full',
+                      help='full: 500 steps, 3 seeds; quick: 150 steps, 3 '
+                      'seeds; smoke: a few steps of a tiny model (for the '
+                      'tests)')
   parser.add_argument('--configs', nargs='+', choices=list(CONFIGS),
-                      default=list(CONFIGS))
+                      default=list(CONFIGS),
+                      help="optimizer and state-format configurations "
+                      "trained ('<optimizer> <formats>[+resets]')")
   parser.add_argument('--update', action='store_true',
-                      help='replace the given configs in the existing JSON')
+                      help='train only --configs and replace their rows in '
+                      'the second_order.json in --out')
   parser.add_argument('--render', action='store_true',
-                      help='only re-render the page from the JSON')
-  parser.add_argument('--data', default=None, help='corpus path')
+                      help='only re-write second_order.{json,md} from the '
+                      'rows of the second_order.json in --out (no '
+                      'training)')
+  parser.add_argument('--data', default=None,
+                      help='train on this text file (default: the Python '
+                      "standard library's own sources); its first "
+                      '8,000,000 bytes either way')
   _common.add_out_argument(parser, __file__)
   return parser
 

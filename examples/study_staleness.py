@@ -200,7 +200,9 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument(
       '--variants', nargs='+', default=None,
       choices=['nearest', 'stochastic', 'nearest+resets',
-               'stochastic+resets'], help='default: all four')
+               'stochastic+resets'],
+      help='rounding of the low-precision rows, with or without resets of '
+      'the moments (default: all four)')
   parser.add_argument('--reset-fields', nargs='+', default=['mu', 'nu'],
                       choices=['mu', 'nu'],
                       help='moments that are reset (default both)')

@@ -203,14 +203,32 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
                  for k in a['params']))
 
 
-def main(argv=None):
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--process-id', type=int)
-  parser.add_argument('--num-processes', type=int, default=2)
-  parser.add_argument('--port', type=int, default=12355)
-  parser.add_argument('--out', default='runs/multiprocess')
+  parser.add_argument('--process-id', type=int,
+                      help="this worker's index, 0 to --num-processes - 1 "
+                      '(required unless --launch)')
+  parser.add_argument('--num-processes', type=int, default=2,
+                      help='processes in the run (default: 2)')
+  parser.add_argument('--port', type=int, default=12355,
+                      help="the coordinator's TCP port on localhost, the "
+                      'same for every worker (default: 12355; --launch '
+                      'picks a free one)')
+  parser.add_argument('--out', default='runs/multiprocess',
+                      help="directory of process 0's result, mp.npz and "
+                      "mp.json, and with --launch the workers' logs "
+                      'worker<i>.log (default: runs/multiprocess, relative '
+                      'to the working directory)')
   parser.add_argument('--launch', action='store_true',
-                      help='start all workers, run the reference, compare')
+                      help='start all workers here, run the single-process '
+                      'reference, print both losses and their largest '
+                      'differences')
+  return parser
+
+
+def main(argv=None):
+  parser = make_parser()
   args = parser.parse_args(argv)
   if args.launch:
     mp = launch(args.out, args.num_processes)

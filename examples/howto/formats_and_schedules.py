@@ -81,11 +81,16 @@ def run(tx, p, steps):
   return p, state
 
 
-def main(argv=None) -> bool:
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--steps', type=int, default=5,
                       help='steps of each run (default: 5)')
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None) -> bool:
+  args = make_parser().parse_args(argv)
   p = params()
   ok = True
   for name, tx in (('partition', per_parameter()), ('path function',

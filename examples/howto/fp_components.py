@@ -65,10 +65,16 @@ def train(model, params, tx, q, steps):
   return params, state, losses
 
 
-def main(argv=None) -> bool:
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument('--steps', type=int, default=50)
-  args = parser.parse_args(argv)
+  parser.add_argument('--steps', type=int, default=50,
+                      help='training steps of each run (default: 50)')
+  return parser
+
+
+def main(argv=None) -> bool:
+  args = make_parser().parse_args(argv)
   model = MLP()
   params = jax.jit(model.init)(jax.random.key(0),
                                jnp.zeros((1, 32)))['params']

@@ -76,13 +76,18 @@ def train(state, start: int, stop: int):
   return state, float(loss)
 
 
-def main(argv=None) -> bool:
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--steps', type=int, default=40,
                       help='steps in all (default: 40)')
   parser.add_argument('--save-at', type=int, default=20,
                       help='step of the checkpoint (default: 20)')
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None) -> bool:
+  args = make_parser().parse_args(argv)
 
   state, _ = train(create_state(args.steps), 0, args.save_at)
   with tempfile.TemporaryDirectory() as tmp:

@@ -66,11 +66,19 @@ def make_optimizer():
                              scale_mode='block_pow2'))
 
 
-def main(argv=None) -> bool:
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument('--steps', type=int, default=20)
-  parser.add_argument('--save-at', type=int, default=10)
-  args = parser.parse_args(argv)
+  parser.add_argument('--steps', type=int, default=20,
+                      help='steps in all (default: 20)')
+  parser.add_argument('--save-at', type=int, default=10,
+                      help='step of the checkpoint, which is resumed '
+                      '(default: 10)')
+  return parser
+
+
+def main(argv=None) -> bool:
+  args = make_parser().parse_args(argv)
 
   model = MLP()
   params = jax.jit(model.init)(jax.random.key(0),

@@ -70,10 +70,17 @@ def optimizer(name, steps):
   return optax.contrib.muon(lr, adam_learning_rate=3e-3)
 
 
-def main(argv=None):
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  parser.add_argument('--steps', type=int, default=300)
-  args = parser.parse_args(argv)
+  parser.add_argument('--steps', type=int, default=300,
+                      help='training steps of each model, float32 and '
+                      'QAT (default: 300)')
+  return parser
+
+
+def main(argv=None):
+  args = make_parser().parse_args(argv)
   model = MLP()
   val = batch(10**6)
   apply = lambda p, x: model.apply({'params': p}, x)

@@ -74,13 +74,18 @@ def train(model, optimizer, start: int, stop: int) -> float:
   return float(loss)
 
 
-def main(argv=None) -> bool:
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--steps', type=int, default=40,
                       help='steps in all (default: 40)')
   parser.add_argument('--save-at', type=int, default=20,
                       help='step of the checkpoint (default: 20)')
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None) -> bool:
+  args = make_parser().parse_args(argv)
 
   model, optimizer = make()
   train(model, optimizer, 0, args.save_at)

@@ -62,10 +62,17 @@ def train(step_fn, params, state, start, stop):
   return params, state, float(loss)
 
 
-def main(argv=None) -> bool:
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument('--steps', type=int, default=60)
-  args = parser.parse_args(argv)
+  parser.add_argument('--steps', type=int, default=60,
+                      help='steps of each run; the checkpoint is taken '
+                      'halfway (default: 60)')
+  return parser
+
+
+def main(argv=None) -> bool:
+  args = make_parser().parse_args(argv)
   model = MLP()
   params = jax.jit(model.init)(jax.random.key(0),
                                jnp.zeros((1, 32)))['params']

@@ -46,11 +46,16 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import optax_q  # noqa: E402
 
 
-def main(argv=None) -> bool:
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--steps', type=int, default=3,
                       help='steps of each run (default: 3)')
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None) -> bool:
+  args = make_parser().parse_args(argv)
   n = jax.device_count()
   mesh = jax.make_mesh((n,), ('model',))
   params = {'w': jnp.linspace(-1.0, 1.0, 64 * 1024).reshape(64, 1024),
