@@ -14,12 +14,20 @@
 """How-to: choose state formats for a memory budget, without allocating.
 
 ``jax.eval_shape(tx.init, params)`` gives the state's abstract buffers and
-``optax_q.state_nbytes`` their real bytes (4-bit codes packed, scales
+``optax_q.state_nbytes`` their real bytes (4- and 3-bit codes packed, scales
 included), so candidate configurations can be compared before any memory
 is used. This script lists candidates by stored bits, most first, and picks
-the first that fits. Their measured losses are in the precision study (fp8
-and int8_dynamic with stochastic rounding match float32 AdamW on the small
-GPT; 4-bit states cost loss there).
+the first that fits.
+
+Every candidate was measured; the comments on ``CANDIDATES`` name the
+result files under ``docs/results/``. In short: on the precision study's
+small GPT, fp8 and int8_dynamic with stochastic rounding stay within 0.5%
+of float32 AdamW, and 4 bits need not cost loss: the recommended 4- and
+3-bit pairs of the low-bit study (``nf4`` + ``ue4m0`` and ``nf3`` +
+``int3_mulaw``, power-of-two scales), the smallest candidates here, ended
+at or below float32's loss. ``int4`` on both moments is not offered: it was
+the worst 4-bit pair measured. These are small models and short runs;
+check the pick on your own.
 
 Run: ``python examples/howto/memory_budget.py --budget-mib 60``.
 """
@@ -31,14 +39,39 @@ import jax
 import jax.numpy as jnp
 import optax_q
 
-# By stored bits, most first: (label, adamw keyword arguments).
+# By stored bits, most first: (label, adamw keyword arguments). optax_q.adamw
+# rounds stochastically by default, as the measured runs did.
 CANDIDATES = (
     ('fp32', dict(mu_format='fp32', nu_format='fp32')),
+    # bf16/sr was +0.66% against float32 in docs/results/precision_full.md:
+    # no better than the 8-bit rows below, at twice their bytes.
     ('bf16', dict(mu_format='bf16', nu_format='bf16')),
+    # fp8_e4m3/sr -0.22% (docs/results/precision_full.md); the library's
+    # default int8_dynamic, +0.12% there with the same bytes, has a slower
+    # step (docs/results/bench_step.md).
     ('fp8', dict(mu_format='fp8_e4m3', nu_format='fp8_e4m3')),
-    ('int4 mu, int8_dynamic nu', dict(mu_format='int4',
-                                      nu_format='int8_dynamic')),
-    ('int4', dict(mu_format='int4', nu_format='int4')),
+    # 4-bit first moment, 8-bit second: 0.99x float32's loss in the
+    # teacher-student runs of docs/results/lowbit.md.
+    ('nf4 mu, int8_dynamic nu', dict(mu_format='nf4',
+                                     nu_format='int8_dynamic')),
+    # The recommended 4-bit state (recommended_4bit in
+    # docs/results/lowbit.md): -2.79% against float32 on the GPT
+    # (docs/results/precision_lowbit_pow2.md). The precision study's '4bit'
+    # pair (fp4_e2m1 + fp4_e2m2u) also beat float32 there (-1.37% in
+    # docs/results/precision_full.md, -0.92% in quick mode,
+    # docs/results/precision.md) but trails nf4 + ue4m0 in
+    # docs/results/precision_lowbit.md and docs/results/lowbit.md. int4 on
+    # both moments is left out, the worst 4-bit pair measured: +0.82% and
+    # worse than float32 in every seed (docs/results/precision_4bit.md),
+    # 1.72x float32's loss in docs/results/lowbit.md.
+    ('nf4 + ue4m0, pow2 scales', dict(mu_format='nf4', nu_format='ue4m0',
+                                      scale_mode='block_pow2')),
+    # The recommended 3-bit state (recommended_3bit in
+    # docs/results/lowbit.md): -0.15% on the GPT
+    # (docs/results/precision_lowbit_pow2.md).
+    ('nf3 + int3_mulaw, pow2 scales', dict(mu_format='nf3',
+                                           nu_format='int3_mulaw',
+                                           scale_mode='block_pow2')),
 )
 
 
@@ -58,7 +91,8 @@ def state_mib(params, **formats) -> float:
   return optax_q.state_nbytes(jax.eval_shape(tx.init, params)) / 2**20
 
 
-def main(argv=None) -> bool:
+def make_parser() -> argparse.ArgumentParser:
+  """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--budget-mib', type=float, default=60.0,
                       help='optimizer-state budget in MiB (default: 60)')
@@ -66,19 +100,27 @@ def main(argv=None) -> bool:
                       help='model width (default: 512)')
   parser.add_argument('--layers', type=int, default=8,
                       help='layers (default: 8)')
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None) -> bool:
+  args = make_parser().parse_args(argv)
   params = model_params(args.width, args.layers)
   n = sum(x.size for x in jax.tree.leaves(params))
   chosen = None
   for label, formats in CANDIDATES:
     mib = state_mib(params, **formats)
     fits = mib <= args.budget_mib
-    print(f'{label:28s} {mib:8.1f} MiB  {8 * mib * 2**20 / n:5.2f} bits/param'
+    print(f'{label:30s} {mib:7.1f} MiB  {8 * mib * 2**20 / n:5.2f} bits/param'
           f'  {"fits" if fits else "over budget"}')
     if fits and chosen is None:
       chosen = label
   print(f'{n / 1e6:.1f}M parameters, budget {args.budget_mib} MiB: '
         f'{chosen or "nothing fits"}')
+  if chosen is not None:
+    formats = dict(CANDIDATES)[chosen]
+    kwargs = ', '.join(f'{k}={v!r}' for k, v in formats.items())
+    print(f'  optax_q.adamw(learning_rate, {kwargs})')
   return chosen is not None
 
 
