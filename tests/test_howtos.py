@@ -69,6 +69,20 @@ class HowToTest(parameterized.TestCase):
     self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
     self.assertIn("8 devices; mu codes P(None, 'model')", result.stdout)
 
+  def test_shard_state_multihost_two_processes(self):
+    # Two processes of two CPU devices each, on 127.0.0.1 and a free port.
+    result = subprocess.run(
+        [sys.executable, str(HOWTO / 'shard_state_multihost.py'),
+         '--num-processes', '2', '--local-devices', '2', '--steps', '2',
+         '--timeout', '90'],
+        env=dict(os.environ, JAX_PLATFORMS='cpu'), cwd=ROOT,
+        capture_output=True, text=True, timeout=120, check=False)
+    self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+    self.assertIn('2 processes, 4 devices: every shard bit-identical to the '
+                  'unsharded run: True', result.stdout)
+    for i in range(2):
+      self.assertIn(f'process {i}: 2 of 4 devices', result.stdout)
+
   def test_every_howto_is_tested_and_documented(self):
     scripts = {p.stem for p in HOWTO.glob('*.py')}
     page = (ROOT / 'docs' / 'howto.md').read_text()
@@ -76,7 +90,7 @@ class HowToTest(parameterized.TestCase):
       self.assertIn(f'examples/howto/{name}.py', page)
     tested = {'nnx_checkpoint', 'linen_train_state', 'formats_and_schedules',
               'shard_state', 'memory_budget', 'master_free', 'fp_components',
-              'second_order', 'model_quantization'}
+              'second_order', 'model_quantization', 'shard_state_multihost'}
     self.assertEqual(scripts, tested)
 
 
