@@ -21,13 +21,13 @@ the first that fits.
 
 Every candidate was measured; the comments on ``CANDIDATES`` name the
 result files under ``docs/results/``. In short: on the precision study's
-small GPT, fp8 and int8_dynamic with stochastic rounding stay within 0.5%
-of float32 AdamW, and 4 bits need not cost loss: the recommended 4- and
-3-bit pairs of the low-bit study (``nf4`` + ``ue4m0`` and ``nf3`` +
-``int3_mulaw``, power-of-two scales), the smallest candidates here, ended
-at or below float32's loss. ``int4`` on both moments is not offered: it was
-the worst 4-bit pair measured. These are small models and short runs;
-check the pick on your own.
+small GPT the 8-bit states with stochastic rounding end within about half
+a percent of float32 AdamW's loss (fp8 once just past it), and 4 bits need
+not cost loss: the recommended 4- and 3-bit pairs of the low-bit study
+(``nf4`` + ``ue4m0`` and ``nf3`` + ``int3_mulaw``, power-of-two scales),
+the smallest candidates here, ended at or below float32's loss. ``int4`` on
+both moments is not offered: it was the worst 4-bit pair measured. These
+are small models and short runs; check the pick on your own.
 
 Run: ``python examples/howto/memory_budget.py --budget-mib 60``.
 """
@@ -44,11 +44,14 @@ import optax_q
 CANDIDATES = (
     ('fp32', dict(mu_format='fp32', nu_format='fp32')),
     # bf16/sr was +0.66% against float32 in docs/results/precision_full.md:
-    # no better than the 8-bit rows below, at twice their bytes.
+    # not closer to float32 than the 8-bit rows below, at twice their bytes.
     ('bf16', dict(mu_format='bf16', nu_format='bf16')),
-    # fp8_e4m3/sr -0.22% (docs/results/precision_full.md); the library's
-    # default int8_dynamic, +0.12% there with the same bytes, has a slower
-    # step (docs/results/bench_step.md).
+    # fp8_e4m3/sr: -0.22%, -0.23% and +0.56% against float32 in three runs
+    # (docs/results/precision_full.md, precision_seeds_floor.md,
+    # precision_layouts.md). The library's default int8_dynamic, same bytes,
+    # was steadier (+0.12% and +0.18%, precision_full.md and
+    # precision_seeds_floor.md) but its step is slower
+    # (docs/results/bench_step.md): use it where the loss matters more.
     ('fp8', dict(mu_format='fp8_e4m3', nu_format='fp8_e4m3')),
     # 4-bit first moment, 8-bit second: 0.99x float32's loss in the
     # teacher-student runs of docs/results/lowbit.md.
@@ -57,7 +60,7 @@ CANDIDATES = (
     # The recommended 4-bit state (recommended_4bit in
     # docs/results/lowbit.md): -2.79% against float32 on the GPT
     # (docs/results/precision_lowbit_pow2.md). The precision study's '4bit'
-    # pair (fp4_e2m1 + fp4_e2m2u) also beat float32 there (-1.37% in
+    # pair (fp4_e2m1 + fp4_e2m2u) also beat float32 on the GPT (-1.37% in
     # docs/results/precision_full.md, -0.92% in quick mode,
     # docs/results/precision.md) but trails nf4 + ue4m0 in
     # docs/results/precision_lowbit.md and docs/results/lowbit.md. int4 on
