@@ -19,6 +19,7 @@ import re
 
 from absl.testing import absltest
 import optax_q
+import optax_q.quant
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / 'docs'
@@ -39,8 +40,14 @@ class DocsSiteTest(absltest.TestCase):
 
   def test_every_public_name_in_the_api_reference(self):
     api = (DOCS / 'api.md').read_text()
-    listed = set(re.findall(r'^::: optax_q\.(\w+)$', api, flags=re.M))
-    self.assertEqual(listed, set(optax_q.__all__))
+    entries = re.findall(r'^::: (\S+)\s*$', api, flags=re.M)
+    for module in (optax_q, optax_q.quant):
+      listed = {e.rpartition('.')[2] for e in entries
+                if e.rpartition('.')[0] == module.__name__}
+      self.assertEqual(listed, set(module.__all__), module.__name__)
+    expected = {f'{m.__name__}.{n}' for m in (optax_q, optax_q.quant)
+                for n in m.__all__}
+    self.assertEmpty(set(entries) - expected)
 
   def test_changelog_included(self):
     self.assertIn('--8<-- "CHANGELOG.md"', (DOCS / 'changelog.md').read_text())

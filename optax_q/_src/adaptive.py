@@ -38,14 +38,14 @@ documented in ``docs/bits.md``):
   been proposed at ``patience`` decisions in a row, and only at every
   ``patience``-th decision. Layouts change at most once per
   ``period * patience`` steps, which bounds the number of compiled steps.
-* **Re-layout** (outside the compiled step, :func:`relayout`): a leaf whose
+* **Re-layout** (outside the compiled step, `relayout`): a leaf whose
   committed format differs from its stored one is decoded and re-encoded,
   so the bytes really change; the jitted step retraces once per new layout.
 
 References:
-  Liu et al, `STQuant: Spatio-Temporal Adaptive Framework for Optimizer
-  Quantization in Large Multimodal Model Training
-  <https://arxiv.org/abs/2604.06836>`_, 2026
+  Liu et al, [STQuant: Spatio-Temporal Adaptive Framework for Optimizer
+  Quantization in Large Multimodal Model
+  Training](https://arxiv.org/abs/2604.06836), 2026
 """
 
 from __future__ import annotations
@@ -71,9 +71,20 @@ from optax_q._src import validation
 Format = formats_lib.Format
 QArray = qarray_lib.QArray
 
-# Quadrant codes: 2 * high_magnitude + high_dispersion (the n-r quadrants
-# of STQuant's Fig. 3: n on the vertical axis, r on the horizontal one).
 ZONES = ('redundant', 'structural', 'magnitude', 'critical')
+"""The names of the four zones of [`adaptive_bits`][optax_q.adaptive_bits],
+indexed by zone code.
+
+A leaf's zone is its quadrant in the magnitude-dispersion plane (the n-r
+quadrants of STQuant's Fig. 3: magnitude ``n`` on the vertical axis,
+dispersion ``r`` on the horizontal one), with code ``2 * high_magnitude +
+high_dispersion``: ``'redundant'`` (0) is low in both factors,
+``'structural'`` (1) high in dispersion only, ``'magnitude'`` (2) high in
+magnitude only and ``'critical'`` (3) high in both. The ``zone`` field of
+[`BitStatistics`][optax_q.BitStatistics] holds these codes (-1 before a
+leaf's first commit), so ``ZONES[code]`` names a leaf's zone; the keys of
+``adaptive_bits``'s ``zone_levels`` argument are these names.
+"""
 FACTORS = ('magnitude', 'dispersion')
 
 # 3.25, 4.25 and 8.25 bits per element with float32 block scales; add
@@ -155,14 +166,15 @@ class BitStatistics:
 
 
 class AdaptiveBitsState(NamedTuple):
-  """State of :func:`adaptive_bits`.
+  """State of [`adaptive_bits`][optax_q.adaptive_bits].
 
   Attributes:
     count: Steps taken (int32).
-    stats: The :class:`BitStatistics` (replicated; a few scalars per
-      parameter leaf).
-    inner: The wrapped :func:`quantize_state` state, in the current formats.
-    policy: The static :class:`BitPolicy` (no buffers).
+    stats: The [`BitStatistics`][optax_q.BitStatistics] (replicated; a few
+      scalars per parameter leaf).
+    inner: The wrapped [`quantize_state`][optax_q.quantize_state] state, in the
+      current formats.
+    policy: The static [`BitPolicy`][optax_q.BitPolicy] (no buffers).
   """
 
   count: jax.Array
@@ -173,7 +185,7 @@ class AdaptiveBitsState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class _Config:
-  """Checked arguments of :func:`adaptive_bits`."""
+  """Checked arguments of `adaptive_bits`."""
 
   ladders: dict[str, tuple[tuple[Format, str], ...]]
   table: dict[str, tuple[int, int, int, int]]  # field -> level per zone
@@ -581,22 +593,23 @@ def adaptive_bits(
 ) -> optax.GradientTransformationExtraArgs:
   """Keeps ``inner``'s state in formats chosen per leaf as training goes.
 
-  The state is that of :func:`quantize_state` with every leaf of an adapted
-  field (``mu``, ``nu``, ...) in one of that field's ``candidates``, plus
-  per-parameter gradient statistics. Every ``period`` steps the step itself
-  decides, from the statistics, which candidate each leaf should use (see
-  the module docstring and ``docs/bits.md``); :func:`relayout`, called
-  between steps, re-encodes the leaves whose decision changed. The
-  decisions are computed from global reductions inside the compiled step,
-  so every device and every process of a sharded run reaches the same ones.
+  The state is that of [`quantize_state`][optax_q.quantize_state] with every
+  leaf of an adapted field (``mu``, ``nu``, ...) in one of that field's
+  ``candidates``, plus per-parameter gradient statistics. Every ``period`` steps
+  the step itself decides, from the statistics, which candidate each leaf should
+  use (see the module docstring and ``docs/bits.md``);
+  [`relayout`][optax_q.relayout], called between steps, re-encodes the leaves
+  whose decision changed. The decisions are computed from global reductions
+  inside the compiled step, so every device and every process of a sharded run
+  reaches the same ones.
 
   Args:
     inner: Any Optax transformation (``optax.scale_by_adam()``, ...).
     candidates: ``{field: (format, ...)}`` from fewest to most bits; an
       entry may be a ``(format, scale_mode)`` pair such as ``('nf4',
       'block_pow2')``. Non-negative fields take unsigned variants as in
-      :func:`quantize_state`. Default: ``mu`` in ``('nf3', 'nf4',
-      'int8_dynamic')``, ``nu`` in ``('int3_mulaw', 'ue4m0',
+      [`quantize_state`][optax_q.quantize_state]. Default: ``mu`` in ``('nf3',
+      'nf4', 'int8_dynamic')``, ``nu`` in ``('int3_mulaw', 'ue4m0',
       'int8_dynamic')`` (3.25, 4.25 and 8.25 bits per element); add
       ``'bf16'`` at the end of a ladder for a 16-bit rung.
     period: Steps between decisions (K), a positive int.
@@ -624,17 +637,18 @@ def adaptive_bits(
       factor; default ``mu``: magnitude, ``nu``: dispersion.
     sample_every: Take the statistics every this many steps (1: every
       step); other steps skip the two reductions per leaf.
-    rounding: As :func:`quantize_state`.
-    seed: As :func:`quantize_state`.
-    min_size: As :func:`quantize_state`.
-    block_size: As :func:`quantize_state`.
-    track_stalls: As :func:`quantize_state`.
-    elementwise: As :func:`quantize_state`.
-    tile_size: As :func:`quantize_state`.
-    nonnegative_fields: As :func:`quantize_state`.
+    rounding: As [`quantize_state`][optax_q.quantize_state].
+    seed: As [`quantize_state`][optax_q.quantize_state].
+    min_size: As [`quantize_state`][optax_q.quantize_state].
+    block_size: As [`quantize_state`][optax_q.quantize_state].
+    track_stalls: As [`quantize_state`][optax_q.quantize_state].
+    elementwise: As [`quantize_state`][optax_q.quantize_state].
+    tile_size: As [`quantize_state`][optax_q.quantize_state].
+    nonnegative_fields: As [`quantize_state`][optax_q.quantize_state].
 
   Returns:
-    A gradient transformation whose state is an :class:`AdaptiveBitsState`.
+    A gradient transformation whose state is an
+      [`AdaptiveBitsState`][optax_q.AdaptiveBitsState].
 
   Raises:
     ValueError: at construction, naming the bad argument and the allowed
@@ -652,9 +666,9 @@ def adaptive_bits(
     {'inner/inner_state/mu/w': 'nf4/block', 'inner/inner_state/nu/w': 'ue4m0/block'}
 
   References:
-    Liu et al, `STQuant: Spatio-Temporal Adaptive Framework for Optimizer
-    Quantization in Large Multimodal Model Training
-    <https://arxiv.org/abs/2604.06836>`_, 2026
+    Liu et al, [STQuant: Spatio-Temporal Adaptive Framework for Optimizer
+    Quantization in Large Multimodal Model
+    Training](https://arxiv.org/abs/2604.06836), 2026
   """
   validation.check_transform(inner)
   nonnegative = frozenset(validation.check_names(nonnegative_fields,
@@ -806,7 +820,7 @@ def _parse_layout(entry: Any, name: str, policy: BitPolicy, field: str
 
 
 def _map_adaptive(fn: Callable[[AdaptiveBitsState, str], Any], state: Any):
-  """``fn(node, 'a/b/')`` on every :class:`AdaptiveBitsState` of ``state``."""
+  """``fn(node, 'a/b/')`` on every `AdaptiveBitsState` of ``state``."""
   return jax.tree_util.tree_map_with_path(
       lambda p, x: fn(x, state_tree.path_str(p) + '/' if p else '')
       if _is_adaptive(x) else x,
@@ -823,19 +837,21 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
   returned as they are (same buffers).
 
   Args:
-    state: Any optimizer state holding :class:`AdaptiveBitsState` nodes
-      (inside ``optax.chain`` and the like); concrete or abstract (from
+    state: Any optimizer state holding
+      [`AdaptiveBitsState`][optax_q.AdaptiveBitsState] nodes (inside
+      ``optax.chain`` and the like); concrete or abstract (from
       ``jax.eval_shape``: the result is abstract too).
-    layout: ``{path: 'format/scale_mode'}`` as :func:`bit_layout` returns
-      it, to apply instead of the state's committed levels: the way to
-      rebuild a saved layout on an abstract state before a checkpoint
-      restore.
+    layout: ``{path: 'format/scale_mode'}`` as
+      [`bit_layout`][optax_q.bit_layout] returns it, to apply instead of the
+      state's committed levels: the way to rebuild a saved layout on an abstract
+      state before a checkpoint restore.
     step: The number of updates applied so far, if known. Layouts can only
       change every ``period * patience`` steps, so other steps return
       ``state`` at once without reading anything from the devices.
     param_shardings: The parameters' ``NamedSharding`` tree: the new
-      buffers are then placed as :func:`state_shardings` lays them out
-      (without it they keep the placement XLA gives the re-encoding).
+      buffers are then placed as [`state_shardings`][optax_q.state_shardings]
+      lays them out (without it they keep the placement XLA gives the
+      re-encoding).
 
   Returns:
     The state with every adapted leaf in its committed (or given) format;
@@ -891,12 +907,12 @@ def bit_layout(state: Any) -> dict[str, str]:
   """The format of every adapted leaf: ``{path: 'format/scale_mode'}``.
 
   A small JSON-able dict: save it with a checkpoint (e.g. Orbax's
-  ``JsonSave`` next to the state) and pass it to :func:`relayout` on the
-  abstract state before restoring, so the target has the saved formats.
+  ``JsonSave`` next to the state) and pass it to [`relayout`][optax_q.relayout]
+  on the abstract state before restoring, so the target has the saved formats.
 
   Args:
     state: Any optimizer state (concrete or abstract) holding
-      :class:`AdaptiveBitsState` nodes.
+      [`AdaptiveBitsState`][optax_q.AdaptiveBitsState] nodes.
 
   Returns:
     ``{'a/b/c' path: 'format/scale_mode'}``, in the state's flattening
@@ -925,11 +941,11 @@ def bit_widths(state: Any) -> dict[str, float]:
 
   Args:
     state: Any optimizer state (concrete or abstract) holding
-      :class:`AdaptiveBitsState` nodes.
+      [`AdaptiveBitsState`][optax_q.AdaptiveBitsState] nodes.
 
   Returns:
     ``{'a/b/c' path: bits per element}`` from the real buffers, as
-    :func:`bit_layout` names the leaves.
+    [`bit_layout`][optax_q.bit_layout] names the leaves.
 
   Examples:
     >>> import jax.numpy as jnp, optax_q

@@ -14,7 +14,7 @@
 """Drop-in optimizers with low-precision state.
 
 Each is the Optax optimizer of the same name with its moment transform
-wrapped in :func:`quantize_state`. With ``fp32`` formats they are the Optax
+wrapped in `quantize_state`. With ``fp32`` formats they are the Optax
 optimizers, bit for bit.
 
 Their storage arguments that set a layout (``block_size``, ``min_size``,
@@ -73,7 +73,7 @@ _DEFAULT_FORMAT = 'int8_dynamic'
 
 def _adaptive_kwargs(bits: Any, reset_every: Any, scale_mode: Any
                      ) -> dict[str, Any]:
-  """The :func:`adaptive_bits` keyword arguments of ``bits``."""
+  """The `adaptive_bits` keyword arguments of ``bits``."""
   if isinstance(bits, str) and bits == 'adaptive':
     kwargs = {}
   elif isinstance(bits, Mapping) and all(isinstance(k, str) for k in bits):
@@ -176,8 +176,8 @@ def adamw(
     eps_root: Added inside the square root, >= 0.
     weight_decay: Decoupled weight decay, >= 0, or an Optax schedule.
     mask: As in ``optax.adamw``.
-    mu_format: Format of the first moment (see :func:`get_format`);
-      ``'fp32'`` keeps it in float32.
+    mu_format: Format of the first moment (see
+      [`get_format`][optax_q.get_format]); ``'fp32'`` keeps it in float32.
     nu_format: Format of the second moment; signed codebooks become their
       unsigned variant, and unsigned formats such as ``'fp4_e2m2u'`` are
       allowed here.
@@ -192,29 +192,30 @@ def adamw(
       scales, one byte per block as OCP MX: 4.06 bits per element for a
       4-bit state at block 128), ``'row'``, ``'tensor'``, ``'rank1'`` (a
       scale per row and per column, Li et al., 2023), ``'none'``, or a dict
-      per moment such as ``{'nu': 'rank1'}``; see :func:`quantize_state`.
+      per moment such as ``{'nu': 'rank1'}``; see
+      [`quantize_state`][optax_q.quantize_state].
     reset_every: ``None`` (no resets), a positive int period for both
       moments, ``'auto'`` (the stall model's ``K*`` for ``nu_format`` and
-      ``b2``, see :func:`reset_period`), ``'adaptive'`` (reset both moments
-      when the measured stalled fraction of either builds up; Algorithm 2 of
-      the staleness paper), or a dict per moment such as ``{'nu': 300}``
-      (the paper's best fp8 policy: ``mu`` never reset; use it with
-      ``eps >= 1e-6``). Each
+      ``b2``, see [`reset_period`][optax_q.reset_period]), ``'adaptive'`` (reset
+      both moments when the measured stalled fraction of either builds up;
+      Algorithm 2 of the staleness paper), or a dict per moment such as
+      ``{'nu': 300}`` (the paper's best fp8 policy: ``mu`` never reset; use it
+      with ``eps >= 1e-6``). Each
       moment is bias-corrected by its local age since its last reset. See
-      :func:`reset_state`.
+      [`reset_state`][optax_q.reset_state].
     nesterov: Nesterov momentum, as in ``optax.adamw``.
     track_stalls: Record each quantized leaf's stalled fraction (the share
       of stored codes an update left unchanged) for
-      :func:`stall_fraction`. Off by default: comparing every stored code
-      costs a pass over the state, up to several times the step on CPU (see
-      the performance page). Resets with ``reset_every='adaptive'`` measure
-      their own stalls and do not need it.
+      [`stall_fraction`][optax_q.stall_fraction]. Off by default: comparing
+      every stored code costs a pass over the state, up to several times the
+      step on CPU (see the performance page). Resets with
+      ``reset_every='adaptive'`` measure their own stalls and do not need it.
     bits: None (the moments in ``mu_format`` and ``nu_format``), or
-      ``'adaptive'`` or a dict of :func:`adaptive_bits` keyword arguments
-      (``{'period': 50, 'candidates': ...}``): each moment leaf's format is
-      then chosen as training goes, among 3-, 4- and 8-bit candidates by
-      default; call :func:`relayout` between steps. Not with
-      ``reset_every`` or ``scale_mode`` (candidates carry their scale
+      ``'adaptive'`` or a dict of [`adaptive_bits`][optax_q.adaptive_bits]
+      keyword arguments (``{'period': 50, 'candidates': ...}``): each moment
+      leaf's format is then chosen as training goes, among 3-, 4- and 8-bit
+      candidates by default; call [`relayout`][optax_q.relayout] between steps.
+      Not with ``reset_every`` or ``scale_mode`` (candidates carry their scale
       modes); ``mu_format`` and ``nu_format`` are then unused.
 
   Returns:
@@ -230,15 +231,15 @@ def adamw(
     >>> state = tx.init({'w': jnp.zeros((64, 128))})
 
   References:
-    Loshchilov & Hutter, `Decoupled Weight Decay Regularization
-    <https://arxiv.org/abs/1711.05101>`_, 2019
+    Loshchilov & Hutter, [Decoupled Weight Decay
+    Regularization](https://arxiv.org/abs/1711.05101), 2019
 
-    Dettmers et al, `8-bit Optimizers via Block-wise Quantization
-    <https://arxiv.org/abs/2110.02861>`_, 2022
+    Dettmers et al, [8-bit Optimizers via Block-wise
+    Quantization](https://arxiv.org/abs/2110.02861), 2022
 
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States
     in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
-    State Resets <https://arxiv.org/abs/2603.16731>`_, 2026
+    State Resets](https://arxiv.org/abs/2603.16731), 2026
   """
   weight_decay = _check_nonnegative(weight_decay, 'weight_decay',
                                     schedule=True)
@@ -284,7 +285,8 @@ def adam(
     b2: Second-moment decay, in [0, 1).
     eps: Added to the denominator, >= 0.
     eps_root: Added inside the square root, >= 0.
-    mu_format: Format of the first moment (see :func:`get_format`).
+    mu_format: Format of the first moment (see
+      [`get_format`][optax_q.get_format]).
     nu_format: Format of the second moment (unsigned variants allowed).
     rounding: ``'nearest'`` or ``'stochastic'``.
     block_size: Elements per scale along the last axis; None: 128.
@@ -295,12 +297,14 @@ def adam(
       scales, one byte per block as OCP MX: 4.06 bits per element for a
       4-bit state at block 128), ``'row'``, ``'tensor'``, ``'rank1'`` (a
       scale per row and per column, Li et al., 2023), ``'none'``, or a dict
-      per moment such as ``{'nu': 'rank1'}``; see :func:`quantize_state`.
-    reset_every: Moment resets, as for :func:`adamw`.
+      per moment such as ``{'nu': 'rank1'}``; see
+      [`quantize_state`][optax_q.quantize_state].
+    reset_every: Moment resets, as for [`adamw`][optax_q.adamw].
     nesterov: Nesterov momentum, as in ``optax.adam``.
     track_stalls: Record each quantized leaf's stalled fraction, as for
-      :func:`adamw`.
-    bits: Formats chosen per leaf as training goes, as for :func:`adamw`.
+      [`adamw`][optax_q.adamw].
+    bits: Formats chosen per leaf as training goes, as for
+      [`adamw`][optax_q.adamw].
 
   Returns:
     An Optax gradient transformation.
@@ -319,11 +323,11 @@ def adam(
     (8, 256)
 
   References:
-    Kingma & Ba, `Adam: A Method for Stochastic Optimization
-    <https://arxiv.org/abs/1412.6980>`_, 2014
+    Kingma & Ba, [Adam: A Method for Stochastic
+    Optimization](https://arxiv.org/abs/1412.6980), 2014
 
-    Dettmers et al, `8-bit Optimizers via Block-wise Quantization
-    <https://arxiv.org/abs/2110.02861>`_, 2022
+    Dettmers et al, [8-bit Optimizers via Block-wise
+    Quantization](https://arxiv.org/abs/2110.02861), 2022
   """
   return optax.chain(
       _adam_moments(
@@ -361,7 +365,8 @@ def lion(
     b2: Decay of the stored momentum, in [0, 1).
     weight_decay: Decoupled weight decay, >= 0, or an Optax schedule.
     mask: As in ``optax.lion``.
-    mu_format: Format of the momentum (see :func:`get_format`); signed.
+    mu_format: Format of the momentum (see [`get_format`][optax_q.get_format]);
+      signed.
     rounding: ``'nearest'`` or ``'stochastic'``.
     block_size: Elements per scale along the last axis; None: 128.
     seed: Seed of the stochastic rounding; None: 0.
@@ -371,9 +376,10 @@ def lion(
       scales, one byte per block as OCP MX: 4.06 bits per element for a
       4-bit state at block 128), ``'row'``, ``'tensor'``, ``'rank1'`` (a
       scale per row and per column, Li et al., 2023), ``'none'``, or a dict
-      per moment such as ``{'nu': 'rank1'}``; see :func:`quantize_state`.
+      per moment such as ``{'nu': 'rank1'}``; see
+      [`quantize_state`][optax_q.quantize_state].
     track_stalls: Record each quantized leaf's stalled fraction, as for
-      :func:`adamw`.
+      [`adamw`][optax_q.adamw].
 
   Returns:
     An Optax gradient transformation.
@@ -390,8 +396,8 @@ def lion(
     8.25
 
   References:
-    Chen et al, `Symbolic Discovery of Optimization Algorithms
-    <https://arxiv.org/abs/2302.06675>`_, 2023
+    Chen et al, [Symbolic Discovery of Optimization
+    Algorithms](https://arxiv.org/abs/2302.06675), 2023
   """
   b1 = _check_decay(b1, 'b1')
   b2 = _check_decay(b2, 'b2')
@@ -430,7 +436,8 @@ def sgd(
     learning_rate: A float or an Optax schedule.
     momentum: Decay of the momentum, in [0, 1), or None for plain SGD.
     nesterov: Nesterov momentum, as in ``optax.sgd``.
-    mu_format: Format of the momentum (see :func:`get_format`); signed.
+    mu_format: Format of the momentum (see [`get_format`][optax_q.get_format]);
+      signed.
     rounding: ``'nearest'`` or ``'stochastic'``.
     block_size: Elements per scale along the last axis; None: 128.
     seed: Seed of the stochastic rounding; None: 0.
@@ -440,9 +447,10 @@ def sgd(
       scales, one byte per block as OCP MX: 4.06 bits per element for a
       4-bit state at block 128), ``'row'``, ``'tensor'``, ``'rank1'`` (a
       scale per row and per column, Li et al., 2023), ``'none'``, or a dict
-      per moment such as ``{'nu': 'rank1'}``; see :func:`quantize_state`.
+      per moment such as ``{'nu': 'rank1'}``; see
+      [`quantize_state`][optax_q.quantize_state].
     track_stalls: Record each quantized leaf's stalled fraction, as for
-      :func:`adamw`.
+      [`adamw`][optax_q.adamw].
 
   Returns:
     An Optax gradient transformation.
@@ -459,8 +467,8 @@ def sgd(
     ['0/inner_state/trace/w']
 
   References:
-    Sutskever et al, `On the importance of initialization and momentum in
-    deep learning <http://proceedings.mlr.press/v28/sutskever13.html>`_, 2013
+    Sutskever et al, [On the importance of initialization and momentum in
+    deep learning](http://proceedings.mlr.press/v28/sutskever13.html), 2013
   """
   _check_nonnegative(learning_rate, 'learning_rate', schedule=True)
   if momentum is not None:

@@ -15,7 +15,7 @@
 
 Each function returns the sorted values of one grid, normalised so that its
 largest magnitude is what a block's absolute maximum maps to; ``formats.py``
-turns them into codebook :class:`~optax_q.Format`\\ s. A grid with
+turns them into codebook `Format`s. A grid with
 ``2**bits`` codes may repeat a value (a symmetric signed grid repeats zero).
 
 * Second moments span many decades inside one block (a log-normal ``v``
@@ -29,13 +29,13 @@ turns them into codebook :class:`~optax_q.Format`\\ s. A grid with
   companded grid.
 
 References:
-  Dettmers et al, `QLoRA: Efficient Finetuning of Quantized LLMs
-  <https://arxiv.org/abs/2305.14314>`_, 2023 (NF4)
+  Dettmers et al, [QLoRA: Efficient Finetuning of Quantized
+  LLMs](https://arxiv.org/abs/2305.14314), 2023 (NF4)
 
-  Li et al, `Memory Efficient Optimizers with 4-bit States
-  <https://arxiv.org/abs/2309.01507>`_, 2023 (second moments without zero)
+  Li et al, [Memory Efficient Optimizers with 4-bit
+  States](https://arxiv.org/abs/2309.01507), 2023 (second moments without zero)
 
-  FlashOptim (`arXiv 2602.23349 <https://arxiv.org/abs/2602.23349>`_),
+  FlashOptim ([arXiv 2602.23349](https://arxiv.org/abs/2602.23349)),
   2026 (``sqrt(v)`` storage, companding)
 """
 

@@ -17,10 +17,10 @@ Tang et al. (2025) analyse Adam and Muon with floating-point quantization
 of the gradients (``q_G``), of the weights the forward pass sees
 (``q_W``; the master weights stay in float32), and of the stored first and
 second moments (``q_M``, ``q_V``), each set independently.
-:func:`quantized_training` holds the four formats and builds the pieces
-from the library's own parts: :func:`quantize_gradients` first in the
-chain, :func:`quantize_state` around the optimizer, and
-:func:`fake_quantize_params` for the forward weights.
+`quantized_training` holds the four formats and builds the pieces
+from the library's own parts: `quantize_gradients` first in the
+chain, `quantize_state` around the optimizer, and
+`fake_quantize_params` for the forward weights.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def _check_mode(mode: Any, component: str, fmt) -> str | None:
 class QuantizedTraining:
   """Formats of the four components, checked when made.
 
-  Made by :func:`quantized_training` (or directly, with the same checks).
+  Made by [`quantized_training`][optax_q.quantized_training] (or directly, with
+  the same checks).
 
   Attributes:
     formats: ``{component: Format or None}`` for ``'g'``, ``'w'``, ``'m'``
@@ -161,8 +162,8 @@ class QuantizedTraining:
         momentum, ...). ``'m'`` applies to its ``mu`` (or ``trace``)
         fields, ``'v'`` to its ``nu`` (and ``nu_max``) fields: in Muon, the
         momentum and the auxiliary Adam's moments.
-      elementwise: As for :func:`quantize_state` (True for Adam-like
-        optimizers, where it is faster; not for Muon).
+      elementwise: As for [`quantize_state`][optax_q.quantize_state] (True for
+        Adam-like optimizers, where it is faster; not for Muon).
 
     Returns:
       ``optax.chain(gradients(), quantize_state(tx, ...))``.
@@ -208,9 +209,9 @@ class QuantizedTraining:
   def weights(self, params: Any, step: int | jax.Array | None = None) -> Any:
     """The ``q_W`` forward weights: every float leaf of rank >= 1 rounded
     to ``formats['w']`` with a straight-through gradient to the float32
-    master (:func:`fake_quantize_params`); ``params`` when ``'w'`` is
-    float32. With stochastic rounding, pass the step (a traced integer is
-    fine), so that every step draws new bits."""
+    master ([`fake_quantize_params`][optax_q.fake_quantize_params]); ``params``
+    when ``'w'`` is float32. With stochastic rounding, pass the step (a traced
+    integer is fine), so that every step draws new bits."""
     fmt = self.formats['w']
     if fmt is None:
       return params
@@ -250,12 +251,14 @@ def quantized_training(
   ``W``; the forward and backward passes run on ``q_W(W)``; the gradient is
   quantized (``q_G``); the optimizer reads its moments from storage in
   ``q_M`` and ``q_V``, updates them in float32 and stores them again; the
-  step is applied to ``W``. Use::
+  step is applied to ``W``. Use:
 
-    q = optax_q.quantized_training({'g': 'e5m2', 'w': 'e4m3',
-                                    'm': 'e4m3', 'v': 'e8m7'})
-    tx = q.optimizer(optax.adam(1e-3))
-    loss = lambda params, step: loss_fn(q.weights(params, step), batch)
+  ```python
+  q = optax_q.quantized_training({'g': 'e5m2', 'w': 'e4m3',
+                                  'm': 'e4m3', 'v': 'e8m7'})
+  tx = q.optimizer(optax.adam(1e-3))
+  loss = lambda params, step: loss_fn(q.weights(params, step), batch)
+  ```
 
   Args:
     formats: One format for all four components, or a dict with keys among
@@ -275,8 +278,8 @@ def quantized_training(
       default) quantizes every moment, as the analysis does.
 
   Returns:
-    A :class:`QuantizedTraining` with ``optimizer(tx)``, ``gradients()``
-    and ``weights(params, step)``.
+    A [`QuantizedTraining`][optax_q.QuantizedTraining] with ``optimizer(tx)``,
+    ``gradients()`` and ``weights(params, step)``.
 
   Raises:
     ValueError: at construction, for an unknown component (naming the
@@ -294,8 +297,8 @@ def quantized_training(
     ['g', 'v']
 
   References:
-    Tang et al, `A Convergence Analysis of Adaptive Optimizers under
-    Floating-point Quantization <https://arxiv.org/abs/2510.21314>`_, 2025
+    Tang et al, [A Convergence Analysis of Adaptive Optimizers under
+    Floating-point Quantization](https://arxiv.org/abs/2510.21314), 2025
   """
   return QuantizedTraining(
       formats=formats, rounding=rounding, seed=seed, scale_mode=scale_mode,

@@ -52,7 +52,7 @@ _MOMENTS = (optax.ScaleByAdamState, optax.TraceState)
 
 
 class EcoState(NamedTuple):
-  """State of :func:`eco`.
+  """State of [`eco`][optax_q.eco].
 
   Attributes:
     count: Steps taken (int32), mixed into the weights' rounding bits.
@@ -373,14 +373,15 @@ def eco(
 ) -> optax.GradientTransformationExtraArgs:
   """Trains quantized parameters without master weights (ECO).
 
-  ``update(grads, state, params)`` takes ``params`` with :class:`QArray`
-  leaves (from :func:`quantize_params`), runs ``inner`` in float32 on the
-  decoded weights, quantizes each new weight ``w~ = w + u`` in its own
+  ``update(grads, state, params)`` takes ``params`` with
+  [`QArray`][optax_q.QArray] leaves (from
+  [`quantize_params`][optax_q.quantize_params]), runs ``inner`` in float32 on
+  the decoded weights, quantizes each new weight ``w~ = w + u`` in its own
   layout (format, scales) with ``rounding``, and injects the residual
-  ``e = w~ - q(w~)`` into ``inner``'s first moment with the paper's
-  coefficient, so no float32 copy of the weights outlives the step. Its
-  updates hold, for a quantized parameter, the new :class:`QArray` (apply
-  them with :func:`optax_q.apply_updates`), for a plain one the inner
+  ``e = w~ - q(w~)`` into ``inner``'s first moment with the paper's coefficient,
+  so no float32 copy of the weights outlives the step. Its updates hold, for a
+  quantized parameter, the new [`QArray`][optax_q.QArray] (apply them with
+  [`optax_q.apply_updates`][optax_q.apply_updates]), for a plain one the inner
   update: ``eco`` goes last in an ``optax.chain`` (clipping before it).
 
   ``inner`` is SGD with momentum or Adam/AdamW built with
@@ -389,12 +390,12 @@ def eco(
   learning rate, momentum and weight decay of every step. A step whose
   learning rate is 0 (or negative, or not finite) skips the feedback
   instead of dividing by it, and so does an element whose injection would
-  overflow float32 (a learning rate near float32's smallest normal). Wrap the result in :func:`quantize_state` to
-  store the moments in low precision: the feedback then happens before the
-  first moment is encoded, once per step. Keep that first moment at 8 bits
-  or more (it carries residuals of the size of a weight's rounding step
-  divided by the learning rate); the second moment may go lower (see the
-  docs' ECO page for the measurements).
+  overflow float32 (a learning rate near float32's smallest normal). Wrap the
+  result in [`quantize_state`][optax_q.quantize_state] to store the moments in
+  low precision: the feedback then happens before the first moment is encoded,
+  once per step. Keep that first moment at 8 bits or more (it carries residuals
+  of the size of a weight's rounding step divided by the learning rate); the
+  second moment may go lower (see the docs' ECO page for the measurements).
 
   Args:
     inner: ``optax.inject_hyperparams(optax.adamw)(...)``,
@@ -418,10 +419,10 @@ def eco(
       every step and leaf) that stands for the weights' format on the
       *plain* float leaves, which then stay float arrays holding
       ``w_hat`` (e.g. the paper's additive-noise model ``w + sigma *
-      normal``). :class:`QArray` leaves keep their codec.
+      normal``). [`QArray`][optax_q.QArray] leaves keep their codec.
 
   Returns:
-    A gradient transformation whose state is an :class:`EcoState`.
+    A gradient transformation whose state is an [`EcoState`][optax_q.EcoState].
 
   Raises:
     ValueError: at construction, naming the argument: an unknown weight
@@ -443,8 +444,8 @@ def eco(
     dtype(float8_e4m3fn)
 
   References:
-    Nikdan et al, `ECO: Quantized Training without Full-Precision Master
-    Weights <https://arxiv.org/abs/2601.22101>`_, 2026
+    Nikdan et al, [ECO: Quantized Training without Full-Precision Master
+    Weights](https://arxiv.org/abs/2601.22101), 2026
   """
   validation.check_transform(inner)
   fmt = (None if weight_format is None

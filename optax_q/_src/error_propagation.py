@@ -16,10 +16,12 @@
 With layers ``h_l = f_l(h_{l-1})`` and their quantized versions
 ``hq_l = fq_l(hq_{l-1})``, the change of a layer's output splits
 (Shapley: the average over both orders) into a propagated part and a local
-part::
+part:
 
-  a = ((fq(hq) - fq(h)) + (f(hq) - f(h))) / 2      # the input's error
-  b = ((fq(hq) - f(hq)) + (fq(h) - f(h))) / 2      # the layer's own error
+```python
+a = ((fq(hq) - fq(h)) + (f(hq) - f(h))) / 2      # the input's error
+b = ((fq(hq) - f(hq)) + (fq(h) - f(h))) / 2      # the layer's own error
+```
 
 and its relative squared error ``R = |hq_l - h_l|^2 / |h_l|^2`` into
 ``A + B + C`` (``A = |a|^2 / |h_l|^2``, ``B = |b|^2 / |h_l|^2``,
@@ -149,7 +151,7 @@ def error_decomposition(
     x: The network's input.
 
   Returns:
-    One :class:`LayerError` per layer.
+    One [`LayerError`][optax_q.quant.LayerError] per layer.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -163,8 +165,8 @@ def error_decomposition(
     True
 
   References:
-    Vlassis et al, `Beyond Outliers: A Study of Optimizers Under
-    Quantization <https://arxiv.org/abs/2509.23500>`_, 2025
+    Vlassis et al, [Beyond Outliers: A Study of Optimizers Under
+    Quantization](https://arxiv.org/abs/2509.23500), 2025
   """
   if not isinstance(layers, (list, tuple)):
     raise ValueError(f'layers must be a list of (f, fq) pairs, got '
@@ -303,8 +305,8 @@ def layer_errors(
 
   Args:
     fn: A function that applies a Flax Linen model (``model.apply``).
-    quantization: From :func:`quantize_linear`, :func:`ptq` or
-      :func:`qat`.
+    quantization: From [`quantize_linear`][optax_q.quant.quantize_linear],
+      [`ptq`][optax_q.quant.ptq] or [`qat`][optax_q.quant.qat].
     layers: ``layers(path) -> bool`` choosing modules by path, e.g.
       ``lambda p: len(p) == 1`` for the residual stream of a GPT (every
       top-level block). None: the linear layers.
@@ -329,8 +331,8 @@ def layer_errors(
     True
 
   References:
-    Vlassis et al, `Beyond Outliers: A Study of Optimizers Under
-    Quantization <https://arxiv.org/abs/2509.23500>`_, 2025
+    Vlassis et al, [Beyond Outliers: A Study of Optimizers Under
+    Quantization](https://arxiv.org/abs/2509.23500), 2025
   """
   if not isinstance(quantization, linear_quant.LinearQuantization):
     raise ValueError('quantization must be an optax_q.quant.'

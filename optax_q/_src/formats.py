@@ -13,7 +13,7 @@
 # limitations under the License.
 """Number formats for optimizer state: the registry behind ``get_format``.
 
-A :class:`Format` says how one value is stored:
+A `Format` says how one value is stored:
 
 * ``kind='float'``: a floating-point grid with ``exponent_bits`` and
   ``mantissa_bits``, stored in a native dtype (``fp32``, ``bf16``, ``fp16``,
@@ -33,7 +33,7 @@ A :class:`Format` says how one value is stored:
   the unsigned power-of-two grids ``ue{E}m{M}``, and the companded grids
   ``int{4,3}_sqrt``, ``int{4,3}_mulaw``, ``int{4,3}_softsign``); a code is
   an index into the table. A codebook rounds linearly in its
-  :attr:`Format.space` (``'linear'`` unless named ``<codec>@<space>``).
+  `Format.space` (``'linear'`` unless named ``<codec>@<space>``).
 
 Four-bit codes are packed two per byte and three-bit codes eight per three
 bytes (see ``packing.py``), so a 4-bit state really takes half a byte per
@@ -82,11 +82,11 @@ class Format:
     table: Sorted grid values for ``kind='codebook'``.
     min_normal: Smallest normal magnitude of a float grid.
     positive_floor: Encode positive inputs to at least the grid's smallest
-      positive value (:attr:`min_positive`), never to zero. Set by
-      :func:`unsigned_variant` for second moments: a positive second moment
-      stored as zero makes the next Adam update ``m / (sqrt(v) + eps)`` blow
-      up by orders of magnitude (Li et al., 2023). Zero inputs (a fresh or
-      reset state) still encode to zero.
+      positive value (`min_positive`), never to zero. Set by
+      [`unsigned_variant`][optax_q.unsigned_variant] for second moments: a
+      positive second moment stored as zero makes the next Adam update
+      ``m / (sqrt(v) + eps)`` blow up by orders of magnitude (Li et al., 2023).
+      Zero inputs (a fresh or reset state) still encode to zero.
     space: Where a codebook's rounding is linear: ``'linear'`` (the value
       itself: stochastic rounding is unbiased in ``x``), ``'sqrt'``
       (``sign(x) sqrt|x|``: storing ``sqrt(v)`` on the grid's square
@@ -252,8 +252,8 @@ def dynamic_map(*, signed: bool, total_bits: int = 8,
   3.25e-7).
 
   References:
-    Dettmers et al, `8-bit Optimizers via Block-wise Quantization
-    <https://arxiv.org/abs/2110.02861>`_, 2022
+    Dettmers et al, [8-bit Optimizers via Block-wise
+    Quantization](https://arxiv.org/abs/2110.02861), 2022
   """
   # bitsandbytes counts the sign bit out in both cases (its unsigned map
   # spends it on a doubled fraction instead).
@@ -452,16 +452,36 @@ FORMAT_NAMES = (
     'int4_sqrt', 'int3_sqrt', 'int4_mulaw', 'int3_mulaw', 'int4_softsign',
     'int3_softsign', 'fp8_e4m3_dre', 'fp8_e5m2_dre',
 )
-# Other spellings of the names above, one meaning each, everywhere (the
-# stall model of ``theory.py`` included). The second-moment variants that
-# :func:`unsigned_variant` makes are named too, so that a stored state's
-# format can be named back.
+"""The canonical format names that [`get_format`][optax_q.get_format]
+accepts, as a tuple of strings.
+
+Any of them can be passed wherever a format is taken (``formats`` of
+[`quantize_state`][optax_q.quantize_state], ``mu_format`` and
+``nu_format`` of the optimizers, [`quantize`][optax_q.quantize], ...).
+``'e{E}m{M}'`` and ``'ue{E}m{M}'`` stand for families, with the exponent
+and mantissa bits filled in (``'e3m2'``, ``'ue4m0'``). Also accepted: the
+spellings in [`FORMAT_ALIASES`][optax_q.FORMAT_ALIASES], the second-moment
+variants that [`unsigned_variant`][optax_q.unsigned_variant] makes
+(``'int8_dynamic_unsigned'``, ``'int4_unsigned'``, ...) and a codebook
+followed by ``'@<space>'``; ``get_format``'s ``fmt`` argument lists them.
+"""
 FORMAT_ALIASES = types.MappingProxyType({
     'float32': 'fp32', 'bfloat16': 'bf16', 'float16': 'fp16',
     'fp8': 'fp8_e4m3', 'e4m3': 'fp8_e4m3', 'e5m2': 'fp8_e5m2',
     'e4m3fn': 'fp8_e4m3', 'e5m2_ieee': 'fp8_e5m2',
     'fp4': 'fp4_e2m1', 'e2m1': 'fp4_e2m1', 'e2m2u': 'fp4_e2m2u',
 })
+"""Other spellings of the names in [`FORMAT_NAMES`][optax_q.FORMAT_NAMES]:
+a read-only mapping ``{alias: canonical name}``.
+
+An alias has one meaning everywhere a format is named, the stall model's
+functions ([`format_epsilon`][optax_q.format_epsilon], ...) included:
+``'fp8'`` is ``'fp8_e4m3'``, ``'fp4'`` is ``'fp4_e2m1'``, ``'bfloat16'`` is
+``'bf16'``. The format an alias names carries the canonical name
+(``get_format('fp8').name`` is ``'fp8_e4m3'``).
+"""
+# The second-moment variants that `unsigned_variant` makes are named too,
+# so that a stored state's format can be named back.
 VARIANT_NAMES = ('int8_dynamic_unsigned', 'int4_unsigned',
                  'int{3,4}_{sqrt,mulaw,softsign}_unsigned')
 
@@ -514,7 +534,7 @@ def _named(key: str) -> Format | None:
 
 
 def get_format(fmt: str | Format) -> Format:
-  """Returns the :class:`Format` for a name, or ``fmt`` itself.
+  """Returns the [`Format`][optax_q.Format] for a name, or ``fmt`` itself.
 
   Args:
     fmt: A format name (``'fp32'``, ``'bf16'``, ``'fp16'``, ``'fp8_e4m3'``,
@@ -531,15 +551,16 @@ def get_format(fmt: str | Format) -> Format:
       ``'int{3,4}_{sqrt,mulaw,softsign}'``, a codebook followed by
       ``'@<space>'``; ``'fp8_e4m3_dre'`` and ``'fp8_e5m2_dre'`` (dynamic
       range expansion, COAT); or an alias of
-      :data:`FORMAT_ALIASES`: ``'fp8'`` is ``'fp8_e4m3'`` and ``'fp4'`` is
-      ``'fp4_e2m1'``, everywhere) or a :class:`Format`.
+      [`FORMAT_ALIASES`][optax_q.FORMAT_ALIASES]: ``'fp8'`` is ``'fp8_e4m3'``
+      and ``'fp4'`` is ``'fp4_e2m1'``, everywhere) or a
+      [`Format`][optax_q.Format].
 
   Returns:
     The format.
 
   Raises:
     ValueError: for an unknown name or a value that is neither a string nor
-      a :class:`Format`, naming the allowed values.
+      a [`Format`][optax_q.Format], naming the allowed values.
 
   Examples:
     >>> import optax_q
@@ -549,14 +570,14 @@ def get_format(fmt: str | Format) -> Format:
     True
 
   References:
-    Xi et al, `COAT: Compressing Optimizer states and Activation for
-    Memory-Efficient FP8 Training <https://arxiv.org/abs/2410.19313>`_, 2024
+    Xi et al, [COAT: Compressing Optimizer states and Activation for
+    Memory-Efficient FP8 Training](https://arxiv.org/abs/2410.19313), 2024
   """
   return check_format(fmt, 'fmt')
 
 
 def check_format(fmt: Any, name: str) -> Format:
-  """:func:`get_format`, with errors that name the argument ``name``."""
+  """`get_format`, with errors that name the argument ``name``."""
   if isinstance(fmt, Format):
     return fmt
   if not isinstance(fmt, str):
@@ -606,7 +627,7 @@ def check_format(fmt: Any, name: str) -> Format:
 
 
 def check_signed_format(fmt: Any, name: str) -> Format:
-  """:func:`check_format` for values that may be negative (gradients,
+  """`check_format` for values that may be negative (gradients,
   weights, first moments): an unsigned grid is a ``ValueError`` naming
   ``name``."""
   fmt = check_format(fmt, name)
@@ -634,7 +655,8 @@ def unsigned_variant(fmt: str | Format) -> Format:
   returned as is.
 
   Args:
-    fmt: A format name or :class:`Format` (see :func:`get_format`).
+    fmt: A format name or [`Format`][optax_q.Format] (see
+      [`get_format`][optax_q.get_format]).
 
   Returns:
     The format to store non-negative values in.
@@ -645,8 +667,8 @@ def unsigned_variant(fmt: str | Format) -> Format:
     'int4_unsigned'
 
   References:
-    Li et al, `Memory Efficient Optimizers with 4-bit States
-    <https://arxiv.org/abs/2309.01507>`_, 2023
+    Li et al, [Memory Efficient Optimizers with 4-bit
+    States](https://arxiv.org/abs/2309.01507), 2023
   """
   fmt = check_format(fmt, 'fmt')
   if fmt.space != 'linear':

@@ -41,7 +41,7 @@ GRADIENT_STREAM = 0x40000000
 
 
 class QuantizeGradientsState(NamedTuple):
-  """State of :func:`quantize_gradients`.
+  """State of [`quantize_gradients`][optax_q.quantize_gradients].
 
   Attributes:
     count: Steps taken (int32), mixed into the stochastic-rounding bits.
@@ -96,14 +96,15 @@ def quantize_gradients(
   Each floating-point leaf (scalars included) is divided by its scales,
   rounded to ``fmt``'s grid, and decoded back to its dtype: the gradient
   quantization ``q_G`` of Tang et al.'s framework, set independently of
-  the weights' (:func:`fake_quantize_params`) and the moments'
-  (:func:`quantize_state`); :func:`quantized_training` sets all four.
-  Non-float leaves and ``None`` pass through.
+  the weights' ([`fake_quantize_params`][optax_q.fake_quantize_params]) and the
+  moments' ([`quantize_state`][optax_q.quantize_state]);
+  [`quantized_training`][optax_q.quantized_training] sets all four. Non-float
+  leaves and ``None`` pass through.
 
   Args:
-    fmt: Any signed core format (see :func:`get_format`): ``'e4m3'``,
-      ``'e5m2'``, a simulated ``'e{E}m{M}'`` (``'e8m7'`` rounds as bf16,
-      ``'e8m23'`` without scales changes nothing), ``'int8'``, ...
+    fmt: Any signed core format (see [`get_format`][optax_q.get_format]):
+      ``'e4m3'``, ``'e5m2'``, a simulated ``'e{E}m{M}'`` (``'e8m7'`` rounds as
+      bf16, ``'e8m23'`` without scales changes nothing), ``'int8'``, ...
     rounding: ``'stochastic'`` (unbiased; the bits are a hash of ``seed``,
       the step and the element's position, so runs repeat) or
       ``'nearest'`` (half to even).
@@ -132,8 +133,8 @@ def quantize_gradients(
     Array([-1.    ,  0.3125], dtype=float32)
 
   References:
-    Tang et al, `A Convergence Analysis of Adaptive Optimizers under
-    Floating-point Quantization <https://arxiv.org/abs/2510.21314>`_, 2025
+    Tang et al, [A Convergence Analysis of Adaptive Optimizers under
+    Floating-point Quantization](https://arxiv.org/abs/2510.21314), 2025
   """
   fmt = formats_lib.check_signed_format(fmt, 'fmt')
   scale_mode = _layout(fmt, scale_mode, 'scale_mode')

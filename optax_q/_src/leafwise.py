@@ -216,7 +216,7 @@ def isolated(lay: Layout, inner_update: Callable[..., Any],
   """The inner update on one parameter (or tile), cut off from the rest.
 
   ``stored`` holds, per shaped slot, this parameter's stored state (a
-  :class:`QArray` or an array), decoded here with ``roundings``. The stored
+  `QArray` or an array), decoded here with ``roundings``. The stored
   inputs, with the shared scalars of the state (step counts), pass through
   an optimization barrier tied to this parameter's gradient, so the
   compiler sees the same graph for a parameter whatever else the tree
@@ -310,7 +310,7 @@ def update(
   Args:
     inner_update: The inner transform's ``update`` (extra-args aware).
     updates: The incoming updates (the parameters' tree).
-    old: The stored inner state (:class:`QArray` leaves where quantized).
+    old: The stored inner state (`QArray` leaves where quantized).
     params: The parameters, or None.
     extra_args: Passed to every call of ``inner_update``.
     key_for: Stochastic-rounding key of the quantized leaf at a flat index
@@ -322,7 +322,7 @@ def update(
   Returns:
     ``(new_updates, new_inner_state, {flat index: stalled fraction})``, or
     None when the state is not laid out per parameter (see
-    :func:`plan_layout`) or holds only unscaled codes and nothing is tiled:
+    `plan_layout`) or holds only unscaled codes and nothing is tiled:
     the caller then takes the whole-tree path.
   """
   lay = plan_layout(updates, old, params)

@@ -13,7 +13,7 @@
 # limitations under the License.
 """Quantized linear layers for any Flax Linen model, without rewriting it.
 
-:func:`quantize_linear` intercepts the calls of every ``nn.Dense``,
+`quantize_linear` intercepts the calls of every ``nn.Dense``,
 ``nn.DenseGeneral`` (contracting trailing axes, no batch dimensions) and
 ``nn.Embed.attend`` (a tied output head) made while it is active, and
 computes them from quantized operands: the input ``x`` read as
@@ -124,7 +124,7 @@ def _dispatch(level, next_fun, args, kwargs, context):
 
 
 def is_linear(module: nn.Module, method_name: str) -> bool:
-  """Whether a call is one :func:`quantize_linear` handles."""
+  """Whether a call is one `quantize_linear` handles."""
   if isinstance(module, nn.Embed):
     return method_name == 'attend'
   return (isinstance(module, (nn.Dense, nn.DenseGeneral))
@@ -171,11 +171,14 @@ class LinearQuantization:
   """Quantizers for the linear layers of a Flax model.
 
   Use it as a context manager (``with q: model.apply(...)``) or as a
-  wrapper (``q(model.apply)``); see :func:`quantize_linear`.
+  wrapper (``q(model.apply)``); see
+  [`quantize_linear`][optax_q.quant.quantize_linear].
 
   Attributes:
-    weights: The kernels' :class:`Quantizer` (None: full precision).
-    activations: The inputs' :class:`Quantizer` (None: full precision).
+    weights: The kernels' [`Quantizer`][optax_q.quant.Quantizer] (None: full
+      precision).
+    activations: The inputs' [`Quantizer`][optax_q.quant.Quantizer] (None: full
+      precision).
     layers: ``layers(path) -> bool`` on the module path (a tuple of
       names), choosing the layers to quantize (None: all).
     enabled: False makes every layer run unchanged (the plain model).
@@ -258,7 +261,7 @@ class LinearQuantization:
 
 
 def check_setting(weights, activations, layers, enabled) -> None:
-  """The checks of :class:`LinearQuantization`'s fields."""
+  """The checks of `LinearQuantization`'s fields."""
   for name, q in (('weights', weights), ('activations', activations)):
     if q is not None and not isinstance(q, quantizers.Quantizer):
       raise ValueError(
@@ -306,21 +309,23 @@ def quantize_linear(
   again inside a ``with`` block.
 
   Args:
-    weights: A :class:`Quantizer` for the kernels (None: full precision).
-    activations: A :class:`Quantizer` for the layers' inputs (None: full
-      precision).
+    weights: A [`Quantizer`][optax_q.quant.Quantizer] for the kernels (None:
+      full precision).
+    activations: A [`Quantizer`][optax_q.quant.Quantizer] for the layers' inputs
+      (None: full precision).
     layers: ``layers(path) -> bool`` on the module path (a tuple of
       names; ``()`` for a root module), e.g.
       ``lambda path: 'head' not in path`` (None: every linear layer).
     enabled: False turns it off (the plain model).
 
   Returns:
-    A :class:`LinearQuantization`: a context manager and a function
-    wrapper.
+    A [`LinearQuantization`][optax_q.quant.LinearQuantization]: a context
+    manager and a function wrapper.
 
   Raises:
-    ValueError: a quantizer that is not a :class:`Quantizer`, two different
-      Hadamard blocks, or a ``layers`` that is not callable.
+    ValueError: a quantizer that is not a
+      [`Quantizer`][optax_q.quant.Quantizer], two different Hadamard blocks, or
+      a ``layers`` that is not callable.
 
   Examples:
     >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -334,8 +339,8 @@ def quantize_linear(
     True
 
   References:
-    Vlassis et al, `Beyond Outliers: A Study of Optimizers Under
-    Quantization <https://arxiv.org/abs/2509.23500>`_, 2025
+    Vlassis et al, [Beyond Outliers: A Study of Optimizers Under
+    Quantization](https://arxiv.org/abs/2509.23500), 2025
   """
   return LinearQuantization(weights, activations, layers,
                             validation.check_bool(enabled, 'enabled'))
@@ -356,10 +361,10 @@ def ptq(bits: int = 4, *, weights: bool = True, activations: bool = True,
     activations: Quantize the layers' inputs.
     granularity: ``'row'`` or ``'tensor'``.
     grid: ``'midrise'`` or ``'midtread'``.
-    layers: As for :func:`quantize_linear`.
+    layers: As for [`quantize_linear`][optax_q.quant.quantize_linear].
 
   Returns:
-    A :class:`LinearQuantization`.
+    A [`LinearQuantization`][optax_q.quant.LinearQuantization].
 
   Examples:
     >>> from optax_q import quant
@@ -391,10 +396,10 @@ def qat(bits: int = 4, *, method: str = 'quest',
     weights: Quantize the kernels.
     activations: Quantize the layers' inputs.
     enabled: False turns it off.
-    layers: As for :func:`quantize_linear`.
+    layers: As for [`quantize_linear`][optax_q.quant.quantize_linear].
 
   Returns:
-    A :class:`LinearQuantization`.
+    A [`LinearQuantization`][optax_q.quant.LinearQuantization].
 
   Examples:
     >>> from optax_q import quant

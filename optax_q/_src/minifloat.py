@@ -50,8 +50,8 @@ LAYOUTS = {
 
 
 def layout_of(dtype) -> dict[str, int | bool] | None:
-  """Keyword arguments of :func:`encode`/:func:`decode` for ``dtype``, or
-  None when the dtype is not one of :data:`LAYOUTS`."""
+  """Keyword arguments of `encode`/`decode` for ``dtype``, or
+  None when the dtype is not one of `LAYOUTS`."""
   found = LAYOUTS.get(jnp.dtype(dtype).name)
   if found is None:
     return None

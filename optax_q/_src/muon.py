@@ -15,8 +15,8 @@
 
 ``optax.contrib.muon`` orthogonalizes the momentum of matrix parameters
 (Newton-Schulz) and trains the others with an auxiliary AdamW, as a
-partition of two transforms. :func:`muon` wraps it whole in
-:func:`quantize_state` and gives each part its own formats: the state
+partition of two transforms. `muon` wraps it whole in
+`quantize_state` and gives each part its own formats: the state
 leaves under the partition's ``'muon'`` label take ``mu_format``, those
 under ``'adam'`` take ``adam_mu_format`` and ``adam_nu_format``.
 """
@@ -57,7 +57,7 @@ def _chooser(formats: dict[tuple[str, str], formats_lib.Format | None]):
 
 
 def _check_layout_known(tx, formats) -> None:
-  """Raises if the partition's state does not read as :func:`_part_and_field`
+  """Raises if the partition's state does not read as `_part_and_field`
   expects (an Optax version with another layout)."""
   probe = {'w': jax.ShapeDtypeStruct((8, 8), jnp.float32),
            'b': jax.ShapeDtypeStruct((8,), jnp.float32)}
@@ -120,8 +120,9 @@ def muon(
     eps: As in ``optax.contrib.muon``, >= 0.
     weight_decay: Decoupled weight decay of the Muon parameters, >= 0.
     weight_decay_mask: As in ``optax.contrib.muon``.
-    mu_format: Format of the Muon momentum (see :func:`get_format`);
-      signed. ``'int4'`` (with ``block_size=128``) for 4-bit momentum.
+    mu_format: Format of the Muon momentum (see
+      [`get_format`][optax_q.get_format]); signed. ``'int4'`` (with
+      ``block_size=128``) for 4-bit momentum.
     adam_mu_format: Format of the auxiliary Adam's first moment; signed.
     adam_nu_format: Format of its second moment (unsigned variants).
     rounding: ``'stochastic'`` or ``'nearest'``.
@@ -129,7 +130,7 @@ def muon(
     seed: Seed of the stochastic rounding; None: 0.
     min_size: Leaves with fewer elements keep float32 state; None: 4096.
     scale_mode: None (the formats' default) or a scale mode for every
-      quantized leaf (see :func:`quantize_state`).
+      quantized leaf (see [`quantize_state`][optax_q.quantize_state]).
     track_stalls: Record the stalled fraction of each quantized leaf.
     nesterov: Nesterov momentum, as in ``optax.contrib.muon``.
     adam_b1: The auxiliary Adam's first-moment decay, in [0, 1).
@@ -156,11 +157,11 @@ def muon(
     8.016
 
   References:
-    Jordan et al, `Muon: An optimizer for hidden layers in neural networks
-    <https://kellerjordan.github.io/posts/muon/>`_, 2024
+    Jordan et al, [Muon: An optimizer for hidden layers in neural
+    networks](https://kellerjordan.github.io/posts/muon/), 2024
 
-    Gupta et al, `Effective Quantization of Muon Optimizer States
-    <https://arxiv.org/abs/2509.23106>`_, 2025
+    Gupta et al, [Effective Quantization of Muon Optimizer
+    States](https://arxiv.org/abs/2509.23106), 2025
   """
   _check_numbers(
       decays=dict(beta=beta, adam_b1=adam_b1, adam_b2=adam_b2),

@@ -72,8 +72,8 @@ def max_to_median(h: jax.Array) -> jax.Array:
     Array(2.5, dtype=float32)
 
   References:
-    Vlassis et al, `Beyond Outliers: A Study of Optimizers Under
-    Quantization <https://arxiv.org/abs/2509.23500>`_, 2025
+    Vlassis et al, [Beyond Outliers: A Study of Optimizers Under
+    Quantization](https://arxiv.org/abs/2509.23500), 2025
   """
   return jnp.mean(1 / jnp.median(_tokens(h), axis=-1))
 
@@ -118,8 +118,8 @@ def kurtosis(h: jax.Array, *, kind: str = 'flat') -> jax.Array:
     Array(-2., dtype=float32)
 
   References:
-    He et al, `Understanding and Minimising Outlier Features in Transformer
-    Training <https://arxiv.org/abs/2405.19279>`_, 2024
+    He et al, [Understanding and Minimising Outlier Features in Transformer
+    Training](https://arxiv.org/abs/2405.19279), 2024
   """
   kind = validation.check_choice(kind, 'kind', KURTOSIS_KINDS)
   h = jnp.asarray(h, jnp.float32)
@@ -154,8 +154,9 @@ def linear_inputs(fn: Callable[..., Any]) -> Callable[..., Any]:
 
   The wrapped function returns ``(fn's output, {layer: input})``, the
   layers keyed by module path (``'block_0/attn/query'``); it works under
-  ``jit``. Feed the inputs to :func:`max_to_median` and :func:`kurtosis`.
-  Inside an active :func:`quantize_linear` the inputs are those the
+  ``jit``. Feed the inputs to [`max_to_median`][optax_q.quant.max_to_median] and
+  [`kurtosis`][optax_q.quant.kurtosis]. Inside an active
+  [`quantize_linear`][optax_q.quant.quantize_linear] the inputs are those the
   quantized model produces (before the layer's own quantization).
 
   Args:

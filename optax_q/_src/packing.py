@@ -56,7 +56,7 @@ def pack(codes: jax.Array, bits: int) -> jax.Array:
 
 
 def unpack(packed: jax.Array, n: int, bits: int) -> jax.Array:
-  """Inverse of :func:`pack`: uint8 codes, last axis ``n`` long."""
+  """Inverse of `pack`: uint8 codes, last axis ``n`` long."""
   if bits == 3:
     return unpack_triplets(packed, n)
   return unpack_nibbles(packed, n)
@@ -87,7 +87,7 @@ def pack_triplets(codes: jax.Array) -> jax.Array:
 
 
 def unpack_triplets(packed: jax.Array, n: int) -> jax.Array:
-  """Inverse of :func:`pack_triplets`: uint8 codes, last axis ``n`` long."""
+  """Inverse of `pack_triplets`: uint8 codes, last axis ``n`` long."""
   groups = packed.shape[-1] // 3
   packed = packed.astype(jnp.uint8)
   if not explicit.divides(packed, -1, groups):
@@ -124,7 +124,7 @@ def pack_nibbles(codes: jax.Array) -> jax.Array:
 
 
 def unpack_nibbles(packed: jax.Array, n: int) -> jax.Array:
-  """Inverse of :func:`pack_nibbles`: uint8 codes, last axis ``n`` long."""
+  """Inverse of `pack_nibbles`: uint8 codes, last axis ``n`` long."""
   packed = packed.astype(jnp.uint8)
   if not explicit.divides(packed, -1, n):
     packed = explicit.replicate_last_axis(packed)

@@ -13,7 +13,7 @@
 # limitations under the License.
 """Blocked Kronecker-factor statistics and their eigenbases.
 
-What :func:`optax_q.scale_by_shampoo` and :func:`optax_q.scale_by_soap`
+What `optax_q.scale_by_shampoo` and `optax_q.scale_by_soap`
 share. A parameter of rank >= 2 is read as a matrix (its axes split where
 rows and columns are most nearly equal: a ``(128, 4, 32)`` attention kernel
 is ``128 x 128``), cut into blocks of at most ``block_size`` rows and
@@ -157,7 +157,7 @@ def to_blocks(x: jax.Array, lay: Layout) -> jax.Array:
 
 
 def from_blocks(b: jax.Array, lay: Layout, like: jax.Array) -> jax.Array:
-  """The inverse of :func:`to_blocks` (padding dropped), sharded as
+  """The inverse of `to_blocks` (padding dropped), sharded as
   ``like`` (the parameter's gradient)."""
   x = b.transpose(0, 2, 1, 3)
   shape = (lay.grid_rows * lay.block_rows, lay.grid_cols * lay.block_cols)

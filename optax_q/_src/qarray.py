@@ -93,9 +93,10 @@ class QArray:
       along the last axis).
     scale: float32 scales of the same rank as the logical array, or None for
       unscaled formats.
-    fmt: The static :class:`Format`.
+    fmt: The static [`Format`][optax_q.Format].
     shape: Static logical shape.
-    dtype: Static logical dtype name (what :func:`dequantize` returns).
+    dtype: Static logical dtype name (what [`dequantize`][optax_q.dequantize]
+      returns).
     scale_mode: ``'none'``, ``'tensor'``, ``'row'`` or ``'block'``.
     block_size: Elements per scale along the last axis (``'block'`` only).
   """
@@ -165,13 +166,13 @@ def nbytes_of(x: Any) -> int:
 
 
 def is_qarray(x: Any) -> bool:
-  """Whether ``x`` is a :class:`QArray` (for ``is_leaf=`` arguments).
+  """Whether ``x`` is a [`QArray`][optax_q.QArray] (for ``is_leaf=`` arguments).
 
   Args:
     x: Anything.
 
   Returns:
-    True for a :class:`QArray`.
+    True for a [`QArray`][optax_q.QArray].
 
   Examples:
     >>> import jax, jax.numpy as jnp, optax_q
@@ -225,7 +226,7 @@ def _blocked(x: jax.Array, scale_mode: str, block_size: int) -> jax.Array:
   stays sharded where its mesh axes divide the number of blocks, and is
   gathered first where they do not (blocks then straddle shards); a
   tensor-scaled array is flattened onto all the mesh axes it is sharded
-  over. :func:`_unblocked` lays the result out like ``x`` again.
+  over. `_unblocked` lays the result out like ``x`` again.
   """
   spec = explicit.spec_of(x)
   if scale_mode == 'tensor':
@@ -257,7 +258,7 @@ def _blocked(x: jax.Array, scale_mode: str, block_size: int) -> jax.Array:
 
 
 def _unblocked(y: jax.Array, like: jax.Array) -> jax.Array:
-  """Inverse of :func:`_blocked`: ``y`` with the shape and sharding of
+  """Inverse of `_blocked`: ``y`` with the shape and sharding of
   ``like``, the array that was blocked (its dtype does not matter)."""
   shape = tuple(like.shape)
   sharding = explicit.sharding_of(like)
@@ -583,10 +584,10 @@ def _rank1_maxima(xf: jax.Array):
 
 def _rank1_scales(x: jax.Array, maxima, fmt: Format):
   """Per-element scales, the factors that apply their inverse (as
-  :func:`apply_inverse_scale`'s), and the infinity flags, laid out like ``x``.
+  `apply_inverse_scale`'s), and the infinity flags, laid out like ``x``.
 
   An element's scale is the smallest of its slices' scales, each the
-  maximum over the target as :func:`block_scale` rounds it; a slice holding
+  maximum over the target as `block_scale` rounds it; a slice holding
   an infinity takes the grid's inner target, so that an element of flagged
   slices along every axis (an infinity's place) never reaches an end code
   with a finite value. Its inverse is that slice's reciprocal: everything
@@ -705,8 +706,8 @@ def range_exponent(xb: jax.Array, finite: jax.Array, absmax: jax.Array,
   moments, and costs one more square root per element in every decode.)
 
   References:
-    Xi et al, `COAT: Compressing Optimizer states and Activation for
-    Memory-Efficient FP8 Training <https://arxiv.org/abs/2410.19313>`_, 2024
+    Xi et al, [COAT: Compressing Optimizer states and Activation for
+    Memory-Efficient FP8 Training](https://arxiv.org/abs/2410.19313), 2024
   """
   # Subnormals count as zero: eager execution flushes them and a compiled
   # fusion may not, and the same group must get the same k either way.
@@ -736,7 +737,7 @@ def _expand(r: jax.Array, steps: jax.Array, target: jax.Array) -> jax.Array:
 
 def _contract(yb: jax.Array, steps: jax.Array, flagged: jax.Array,
               fmt: Format) -> jax.Array:
-  """Inverse of :func:`_expand` up to the group maximum:
+  """Inverse of `_expand` up to the group maximum:
   ``sign(y) (|y| / target)**(1/k)`` by repeated square roots, at most 1."""
   _, _, inner = grid_extremes(fmt)
   inv_t = jnp.where(flagged, jnp.float32(1.0 / inner),
@@ -802,7 +803,7 @@ def scale_by_exponent(yb: jax.Array, code: jax.Array, *,
 def encode_compiled(x: jax.Array, fmt: Format, *, scale_mode: str,
                     block_size: int, key: jax.Array | None,
                     dtype: Any = None) -> QArray:
-  """:func:`encode`, compiled once per layout: outside ``jit`` (a
+  """`encode`, compiled once per layout: outside ``jit`` (a
   parameter tree quantized at the start, a state's first encoding) one call
   instead of hundreds of small dispatched operations. The same bits."""
   return encode(x, fmt, scale_mode=scale_mode, block_size=block_size,
@@ -838,7 +839,7 @@ def encode_like(
 
   The one way the library re-encodes a stored leaf (after an update, at a
   reset, tile by tile): ``x`` is taken as float32. ``key``, ``row_stride``
-  and ``row_offset`` are as for :func:`encode`.
+  and ``row_offset`` are as for `encode`.
   """
   return encode(
       jnp.asarray(x, jnp.float32), q.fmt, scale_mode=q.scale_mode,
@@ -847,7 +848,7 @@ def encode_like(
 
 
 def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
-  """Decodes a :class:`QArray` to ``dtype`` (float32 by default)."""
+  """Decodes a `QArray` to ``dtype`` (float32 by default)."""
   shape = q.shape
   flat_shape = shape or (1,)
   codes = q.codes.reshape(-1) if not shape else q.codes
@@ -893,7 +894,7 @@ def quantize(
     stream: int = 0,
     scale: str | None = None,
 ) -> QArray:
-  """Quantizes ``x`` into a :class:`QArray`.
+  """Quantizes ``x`` into a [`QArray`][optax_q.QArray].
 
   Values are divided by a scale (the absolute maximum of their tensor, row
   or block of ``block_size`` elements along the last axis, divided by the
@@ -903,7 +904,8 @@ def quantize(
   Args:
     x: The array to quantize (any float dtype; scalars and empty arrays are
       fine).
-    fmt: A format name or :class:`Format` (see :func:`get_format`).
+    fmt: A format name or [`Format`][optax_q.Format] (see
+      [`get_format`][optax_q.get_format]).
     scale_mode: ``'none'``, ``'tensor'``, ``'row'``, ``'block'`` or
       ``'block_pow2'`` (a power-of-two scale per block in one byte, as the
       OCP MX E8M0 scale; a block with an infinity or NaN decodes to NaN); the
@@ -924,7 +926,8 @@ def quantize(
     scale: Deprecated name of ``scale_mode``.
 
   Returns:
-    A :class:`QArray` whose :func:`dequantize` approximates ``x``.
+    A [`QArray`][optax_q.QArray] whose [`dequantize`][optax_q.dequantize]
+      approximates ``x``.
 
   Examples:
     >>> import jax.numpy as jnp, optax_q
@@ -933,11 +936,11 @@ def quantize(
     (dtype('int8'), (2,))
 
   References:
-    Dettmers et al, `8-bit Optimizers via Block-wise Quantization
-    <https://arxiv.org/abs/2110.02861>`_, 2022
+    Dettmers et al, [8-bit Optimizers via Block-wise
+    Quantization](https://arxiv.org/abs/2110.02861), 2022
 
-    Li et al, `Memory Efficient Optimizers with 4-bit States
-    <https://arxiv.org/abs/2309.01507>`_, 2023
+    Li et al, [Memory Efficient Optimizers with 4-bit
+    States](https://arxiv.org/abs/2309.01507), 2023
   """
   name, scale_mode = validation.renamed('scale', scale, 'scale_mode',
                                         scale_mode)
@@ -970,7 +973,7 @@ def quantize(
 
 
 def dequantize(q: QArray, dtype: Any = None) -> jax.Array:
-  """Decodes a :class:`QArray` to its logical dtype (or ``dtype``).
+  """Decodes a [`QArray`][optax_q.QArray] to its logical dtype (or ``dtype``).
 
   Args:
     q: The quantized array.
@@ -980,8 +983,8 @@ def dequantize(q: QArray, dtype: Any = None) -> jax.Array:
     The decoded array, of ``q``'s logical shape.
 
   Raises:
-    ValueError: if ``q`` is not a :class:`QArray` or ``dtype`` is not a
-      float dtype.
+    ValueError: if ``q`` is not a [`QArray`][optax_q.QArray] or ``dtype`` is not
+      a float dtype.
 
   Examples:
     >>> import jax.numpy as jnp, optax_q

@@ -13,7 +13,7 @@
 # limitations under the License.
 """Fake quantizers of model weights and activations (PTQ and QAT).
 
-A :class:`Quantizer` rounds the last axis of an array (a weight matrix's
+A `Quantizer` rounds the last axis of an array (a weight matrix's
 input dimension, an activation's features) to a symmetric uniform grid of
 ``2**bits`` levels and returns the values on the grid, in the input's dtype.
 Two methods:
@@ -22,14 +22,14 @@ Two methods:
   per token of an activation, per output row of a weight; or per tensor).
 * ``'quest'``: QuEST (Panferov et al., 2025): a block-diagonal Hadamard
   rotation of the last axis (applied by the caller to *both* operands of a
-  product, :mod:`optax_q._src.linear_quant`), then the scale
+  product, `optax_q._src.linear_quant`), then the scale
   ``c_b * rms(row)`` that minimises the mean squared error of a Gaussian
-  (:func:`gaussian_clip`), values beyond it clipped.
+  (`gaussian_clip`), values beyond it clipped.
 
 The gradient is a straight-through estimator (``jax.custom_vjp``):
 ``'ste'`` passes it unchanged, ``'trust'`` only where the value was not
 clipped (QuEST's trust mask). The rounding is the codec's
-(:func:`optax_q._src.rounding.round_int`), computed in explicit float32
+(`optax_q._src.rounding.round_int`), computed in explicit float32
 arithmetic that ``jit`` cannot elide.
 """
 
@@ -102,8 +102,8 @@ def gaussian_clip(bits: int, grid: str = 'midrise') -> float:
   mid-rise grid it gives QuEST's ``c_2 = 1.4935`` and ``c_4 = 2.5139`` to
   2e-4 (tested); at 8 bits it gives 3.9222 where QuEST's table has 3.8849
   (the error is flat there: 8.769e-5 against 8.782e-5, checked by
-  quadrature). :func:`quest` uses QuEST's table (:data:`QUEST_CLIP`) where
-  it has the width and grid, and this function elsewhere.
+  quadrature). [`quest`][optax_q.quant.quest] uses QuEST's table (`QUEST_CLIP`)
+  where it has the width and grid, and this function elsewhere.
 
   Args:
     bits: Bits of the grid, 2 to 16.
@@ -118,8 +118,8 @@ def gaussian_clip(bits: int, grid: str = 'midrise') -> float:
     2.514
 
   References:
-    Panferov et al, `QuEST: Stable Training of LLMs with 1-Bit Weights and
-    Activations <https://arxiv.org/abs/2502.05003>`_, 2025
+    Panferov et al, [QuEST: Stable Training of LLMs with 1-Bit Weights and
+    Activations](https://arxiv.org/abs/2502.05003), 2025
   """
   return _gaussian_clip(_check_bits(bits),
                        validation.check_choice(grid, 'grid', GRIDS))
@@ -140,7 +140,7 @@ def _gaussian_clip(bits: int, grid: str) -> float:
 
 
 def clip_of(bits: int, grid: str) -> float:
-  """QuEST's ``c_b`` where its table has it, else :func:`gaussian_clip`."""
+  """QuEST's ``c_b`` where its table has it, else `gaussian_clip`."""
   if grid == 'midrise' and bits in QUEST_CLIP:
     return QUEST_CLIP[bits]
   return gaussian_clip(bits, grid)
@@ -211,8 +211,9 @@ def rotate(x: jax.Array, block: int) -> jax.Array:
 class Quantizer:
   """A symmetric uniform fake quantizer of an array's last axis.
 
-  Make one with :func:`rtn` or :func:`quest`; calling it returns the
-  values on the grid (same shape and dtype). Hashable and static.
+  Make one with [`rtn`][optax_q.quant.rtn] or [`quest`][optax_q.quant.quest];
+  calling it returns the values on the grid (same shape and dtype). Hashable and
+  static.
 
   Attributes:
     bits: Bits per value, 2 to 16 (``2**bits`` levels mid-rise,
@@ -341,7 +342,7 @@ def rtn(bits: int = 4, *, granularity: str = 'row', grid: str = 'midrise',
       clipped, so both pass every gradient).
 
   Returns:
-    A :class:`Quantizer`.
+    A [`Quantizer`][optax_q.quant.Quantizer].
 
   Examples:
     >>> import jax.numpy as jnp
@@ -352,8 +353,8 @@ def rtn(bits: int = 4, *, granularity: str = 'row', grid: str = 'midrise',
     Array([ 0., -3.,  3.], dtype=float32)
 
   References:
-    Vlassis et al, `Beyond Outliers: A Study of Optimizers Under
-    Quantization <https://arxiv.org/abs/2509.23500>`_, 2025
+    Vlassis et al, [Beyond Outliers: A Study of Optimizers Under
+    Quantization](https://arxiv.org/abs/2509.23500), 2025
   """
   return Quantizer(bits=_check_bits(bits), method='rtn',
                    granularity=_granularity(granularity), grid=grid,
@@ -365,12 +366,12 @@ def quest(bits: int = 4, *, hadamard_block: int | None = 128,
           gradient: str = 'trust') -> Quantizer:
   """QuEST: Hadamard rotation, Gaussian-optimal clipping, trust-mask STE.
 
-  Used on linear layers (:func:`quantize_linear`), both operands' input
-  dimension is multiplied by a block-diagonal Hadamard matrix of
-  ``hadamard_block`` (zero-padded to a multiple of it; the product is
+  Used on linear layers ([`quantize_linear`][optax_q.quant.quantize_linear]),
+  both operands' input dimension is multiplied by a block-diagonal Hadamard
+  matrix of ``hadamard_block`` (zero-padded to a multiple of it; the product is
   unchanged since ``H H^T = I``). Each row is then scaled by
   ``c_b * rms(row)`` (QuEST's table, ``c_4 = 2.5139``, else
-  :func:`gaussian_clip`), rounded to
+  [`gaussian_clip`][optax_q.quant.gaussian_clip]), rounded to
   the grid and clipped. The gradient passes only where the value was not
   clipped.
 
@@ -383,7 +384,7 @@ def quest(bits: int = 4, *, hadamard_block: int | None = 128,
     gradient: ``'trust'`` or ``'ste'``.
 
   Returns:
-    A :class:`Quantizer`.
+    A [`Quantizer`][optax_q.quant.Quantizer].
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -394,8 +395,8 @@ def quest(bits: int = 4, *, hadamard_block: int | None = 128,
     Array([1., 1., 1., 0.], dtype=float32)
 
   References:
-    Panferov et al, `QuEST: Stable Training of LLMs with 1-Bit Weights and
-    Activations <https://arxiv.org/abs/2502.05003>`_, 2025
+    Panferov et al, [QuEST: Stable Training of LLMs with 1-Bit Weights and
+    Activations](https://arxiv.org/abs/2502.05003), 2025
   """
   return Quantizer(bits=_check_bits(bits), method='quest',
                    granularity=_granularity(granularity), grid=grid,

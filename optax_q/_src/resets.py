@@ -18,22 +18,22 @@ below the local grid spacing (it *stalls*), so it forgets far more slowly than
 its nominal decay says. Resetting it to zero and bias-correcting by its local
 age (steps since the last reset) restarts it like a fresh Adam moment.
 
-* :func:`reset_state` wraps any transform and zeroes chosen fields of its
+* `reset_state` wraps any transform and zeroes chosen fields of its
   state (``'mu'``, ``'nu'``, a preconditioner statistic, ...) every ``K``
   steps, or when the measured staleness says so (``'adaptive'``). Quantized
-  leaves (:class:`QArray`) are overwritten with encoded zeros of the same
+  leaves (`QArray`) are overwritten with encoded zeros of the same
   dtype, shape and layout, so sharding and memory do not change. The
   decision is a ``jnp.where`` on int32 counters held in the state: one
   compiled step, and a resumed checkpoint repeats the run exactly.
-* :func:`scale_by_adam_local_age` is ``optax.scale_by_adam`` with one age per
+* `scale_by_adam_local_age` is ``optax.scale_by_adam`` with one age per
   moment (``count_mu``, ``count_nu``), so that each moment is bias-corrected
   by the steps since *its own* last reset.
-* :func:`reset_where` is the tree surgery itself, for custom loops.
+* `reset_where` is the tree surgery itself, for custom loops.
 
 References:
-  Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+  Topollai & Choromanska, [Understanding Quantization of Optimizer States in
   LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-  Resets <https://arxiv.org/abs/2603.16731>`_, 2026
+  Resets](https://arxiv.org/abs/2603.16731), 2026
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ MAX_PERIOD = validation.MAX_PERIOD
 
 
 def _inner_of(x: Any):
-  """For :func:`state_tree.map_fields`: a quantized state is read through
+  """For `state_tree.map_fields`: a quantized state is read through
   its inner state (its telemetry and rounding counter are not fields)."""
   if isinstance(x, transform.QuantizedState):
     return x.inner_state, lambda inner: x._replace(inner_state=inner)
@@ -92,7 +92,7 @@ def _state_names(state) -> tuple[set[str], set[str]]:
 
 
 def _encoded_zeros(q: QArray) -> QArray:
-  """A :class:`QArray` of exact zeros with the layout of ``q``.
+  """A `QArray` of exact zeros with the layout of ``q``.
 
   Scaled formats get scale 0 (an all-zero block), which decodes to exact
   zeros even on grids without zero (``fp4_e2m2u``).
@@ -159,10 +159,11 @@ def reset_where(
   Every array leaf under a state field named in ``fields`` (the innermost
   ``NamedTuple`` attribute on its path, e.g. ``'mu'`` of
   ``ScaleByAdamState``, at any depth: inside chains, ``optax.masked``,
-  ``optax.partition`` and :func:`quantize_state`) is replaced by zeros when
-  its flag is true. Quantized leaves become encoded zeros with the same
-  codes dtype, shape and scale layout. Flags may be traced: the selection is
-  a ``jnp.where``, so this is safe under ``jit`` and never recompiles.
+  ``optax.partition`` and [`quantize_state`][optax_q.quantize_state]) is
+  replaced by zeros when its flag is true. Quantized leaves become encoded zeros
+  with the same codes dtype, shape and scale layout. Flags may be traced: the
+  selection is a ``jnp.where``, so this is safe under ``jit`` and never
+  recompiles.
 
   Args:
     state: Any optimizer state.
@@ -247,13 +248,13 @@ def _check_every(every: Any, fields: Any, name: str = 'reset_every'
 
 
 class _Plan(NamedTuple):
-  """What :func:`reset_state` resets, and how (checked at construction).
+  """What `reset_state` resets, and how (checked at construction).
 
   Attributes:
     periods: ``{field: period or 'adaptive'}`` of the fields that are reset.
     counters: ``{counter field: [the fields it is zeroed with]}``.
     groups: Disjoint tuples of fields reset together.
-    decay: :math:`\\beta` of the adaptive rule.
+    decay: `\\beta` of the adaptive rule.
     s0: Staleness tolerance of the adaptive rule.
     p_ss: Steady-state stall normaliser of the adaptive rule.
     reset_to: ``{field: 'identity'}`` of fields not reset to zero.
@@ -290,7 +291,7 @@ def _check_reset_to(reset_to: Any, periods: Mapping[str, Any]
 
 def _plan(every, name, *, fields, counters, groups, decay, s0, p_ss,
           reset_to=None) -> _Plan:
-  """Checks :func:`reset_state`'s arguments (not yet against the state)."""
+  """Checks `reset_state`'s arguments (not yet against the state)."""
   named = _check_every(every, fields, name)
   periods = {f: p for f, p in named.items() if p is not None}
   decay = _check_unit(decay, 'decay')
@@ -362,7 +363,7 @@ def _check_plan(plan: _Plan, inner, counters_given: bool) -> None:
 
 
 class ResetState(NamedTuple):
-  """State of :func:`reset_state`.
+  """State of [`reset_state`][optax_q.reset_state].
 
   Attributes:
     count: Steps taken (int32).
@@ -385,7 +386,7 @@ def _unchanged(old: Any, new: Any) -> jax.Array:
   """How many stored values did not change (codes for QArrays).
 
   For quantized leaves the stored codes are compared, as
-  :func:`optax_q.stall_fraction` does: with block scales that follow the
+  `optax_q.stall_fraction` does: with block scales that follow the
   block maximum, the scale moves a little almost every step even where the
   codes do not, and the codes are what staleness is about.
   """
@@ -505,30 +506,34 @@ def reset_state(
 
   A field is any ``NamedTuple`` attribute of the inner state, at any depth
   (``'mu'``, ``'nu'``, ``'trace'``, preconditioner statistics). When
-  ``inner`` is a :func:`quantize_state`, quantized leaves are overwritten
-  with encoded zeros (scale 0 for scaled formats, so grids without zero such
-  as ``fp4_e2m2u`` still decode to exact zeros); codes keep their dtype,
-  shape and sharding.
+  ``inner`` is a [`quantize_state`][optax_q.quantize_state], quantized leaves
+  are overwritten with encoded zeros (scale 0 for scaled formats, so grids
+  without zero such as ``fp4_e2m2u`` still decode to exact zeros); codes keep
+  their dtype, shape and sharding.
 
   ``'adaptive'`` fields follow Algorithm 2 of the paper: with
-  :math:`P_k` the fraction of the field's stored elements that did not change
+  `P_k` the fraction of the field's stored elements that did not change
   in the ``k``-th update (pooled over all its leaves; stored codes for
-  quantized leaves, as :func:`optax_q.stall_fraction` counts them),
+  quantized leaves, as [`optax_q.stall_fraction`][optax_q.stall_fraction] counts
+  them),
 
-  .. math::
-    A \leftarrow A + \left[\frac{P_k / P_{ss} - s_0}{1 - s_0}\right]_+,
-    \qquad \text{reset if } \frac{A}{k} \ge \frac{2\beta^k}{1 + \beta^k}.
+  ```tex
+  A \leftarrow A + \left[\frac{P_k / P_{ss} - s_0}{1 - s_0}\right]_+,
+  \qquad \text{reset if } \frac{A}{k} \ge \frac{2\beta^k}{1 + \beta^k}.
+  ```
 
   Fields in one of ``groups`` are reset together: when the rule of any of
   them fires, all of them (with their ages and accumulators) are reset. The
   drop-in optimizers group Adam's two moments whenever both have the same
   policy; resetting the second moment alone leaves an old first moment over
-  a one-step second moment (see :func:`scale_by_adam_local_age`, which
-  bounds that update).
+  a one-step second moment (see
+  [`scale_by_adam_local_age`][optax_q.scale_by_adam_local_age], which bounds
+  that update).
 
   Args:
     inner: The transform whose state is reset, typically a
-      :func:`quantize_state` of :func:`scale_by_adam_local_age`.
+      [`quantize_state`][optax_q.quantize_state] of
+      [`scale_by_adam_local_age`][optax_q.scale_by_adam_local_age].
     reset_every: The reset period: an int ``K`` in ``[1, 2**31 - 1]`` for
       every field in ``fields``, ``'adaptive'``, ``None`` (never), or a dict
       ``{field: K | 'adaptive' | None}`` (fields not listed are never reset),
@@ -538,29 +543,31 @@ def reset_state(
     counters: ``{field: counter field(s)}``: integer state fields zeroed
       together with the field (the ages its bias correction reads). By
       default ``count_<field>`` where the inner state has it (as in
-      :func:`scale_by_adam_local_age`). For ``optax.scale_by_adam``, whose
-      two moments share one ``count``, pass ``{'mu': 'count', 'nu': 'count'}``
-      and reset both moments together. Keys must be fields to reset.
+      [`scale_by_adam_local_age`][optax_q.scale_by_adam_local_age]). For
+      ``optax.scale_by_adam``, whose two moments share one ``count``, pass
+      ``{'mu': 'count', 'nu': 'count'}`` and reset both moments together. Keys
+      must be fields to reset.
     groups: Disjoint sequences of fields to reset together, e.g.
       ``(('mu', 'nu'),)``; each field must have a period or ``'adaptive'``.
       By default every field follows its own rule.
-    decay: The EMA decay :math:`\beta` in the statistical-error term of
-      adaptive resets (the paper uses :math:`\beta_2`), in ``(0, 1)``.
+    decay: The EMA decay `\beta` in the statistical-error term of
+      adaptive resets (the paper uses `\beta_2`), in ``(0, 1)``.
     s0: Staleness tolerance of adaptive resets, in ``(0, 1)``.
-    p_ss: The steady-state stall normaliser :math:`P_{ss}` of adaptive
+    p_ss: The steady-state stall normaliser `P_{ss}` of adaptive
       resets, in ``(0, 1]`` (the paper fixes 1).
     reset_to: ``{field: 'zeros' | 'identity'}``: what a reset field is
       set to (unlisted: ``'zeros'``). ``'identity'`` is for factor
       statistics of Shampoo and SOAP (square matrices in the last two
       axes), whose inverse root or power iteration zero would break: each
-      matrix becomes :math:`(1 - \beta)\,\overline{\mathrm{diag}}\, I`
-      (``decay`` is :math:`\beta`), a ridge worth one update of its mean
+      matrix becomes `(1 - \beta)\,\overline{\mathrm{diag}}\, I`
+      (``decay`` is `\beta`), a ridge worth one update of its mean
       eigenvalue, which the local-age bias correction then weighs like one
       of the gradients seen since the reset.
     every: Deprecated name of ``reset_every``.
 
   Returns:
-    A gradient transformation whose state is a :class:`ResetState`.
+    A gradient transformation whose state is a
+      [`ResetState`][optax_q.ResetState].
 
   Raises:
     ValueError: at construction, naming the argument and the allowed values:
@@ -583,11 +590,12 @@ def reset_state(
     0
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States
     in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
-    State Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Algorithms 1, 2)
+    State Resets](https://arxiv.org/abs/2603.16731), 2026 (Algorithms 1, 2)
 
-  .. seealso:: :func:`optax_q.reset_period`, :func:`optax_q.stall_fraction`
+  See also [`reset_period`][optax_q.reset_period] and
+  [`stall_fraction`][optax_q.stall_fraction].
   """
   validation.check_transform(inner)
   name, every = validation.renamed('every', every, 'reset_every',
@@ -607,12 +615,12 @@ def reset_state(
 
 
 class ScaleByAdamLocalAgeState(NamedTuple):
-  """State of :func:`scale_by_adam_local_age`.
+  """State of [`scale_by_adam_local_age`][optax_q.scale_by_adam_local_age].
 
   ``count``, ``mu`` and ``nu`` come first, in ``optax.ScaleByAdamState``'s
   order, so the leaves of ``mu`` and ``nu`` have the same flat positions
   (and hence the same stochastic-rounding streams under
-  :func:`quantize_state`) as Optax's Adam.
+  [`quantize_state`][optax_q.quantize_state]) as Optax's Adam.
 
   Attributes:
     count: All updates (int32).
@@ -680,25 +688,26 @@ def scale_by_adam_local_age(
   Each moment is bias-corrected by its own local age (updates since it was
   last zeroed), not by the global step:
 
-  .. math::
-    \hat m_t = \frac{m_t}{1 - \beta_1^{k_m}}, \qquad
-    \hat v_t = \frac{v_t}{1 - \beta_2^{k_v}}, \qquad
-    u_t = \operatorname{clip}\left(
-      \frac{\hat m_t}{\sqrt{\hat v_t + \epsilon_{root}} + \epsilon},
-      -C, C\right).
+  ```tex
+  \hat m_t = \frac{m_t}{1 - \beta_1^{k_m}}, \qquad
+  \hat v_t = \frac{v_t}{1 - \beta_2^{k_v}}, \qquad
+  u_t = \operatorname{clip}\left(
+    \frac{\hat m_t}{\sqrt{\hat v_t + \epsilon_{root}} + \epsilon},
+    -C, C\right).
+  ```
 
   Adam with one age for both moments obeys
-  :math:`|\hat m_t| / \sqrt{\hat v_t} \le C = (1 - \beta_1) /
+  `|\hat m_t| / \sqrt{\hat v_t} \le C = (1 - \beta_1) /
   (\sqrt{1 - \beta_2}\,(1 - \beta_1/\sqrt{\beta_2}))` (for
-  :math:`\beta_1 < \sqrt{\beta_2}`; about 31.8 at the defaults), so the clip
+  `\beta_1 < \sqrt{\beta_2}`; about 31.8 at the defaults), so the clip
   never binds without resets and this is ``optax.scale_by_adam`` bit for
-  bit. With :func:`reset_state` zeroing ``nu`` and ``count_nu`` but not
-  ``mu`` (asymmetric resets), the next update divides an old momentum by
-  the square root of a one-step second moment, :math:`|g_t| + \epsilon`,
+  bit. With [`reset_state`][optax_q.reset_state] zeroing ``nu`` and ``count_nu``
+  but not ``mu`` (asymmetric resets), the next update divides an old momentum by
+  the square root of a one-step second moment, `|g_t| + \epsilon`,
   which is unbounded where the current gradient is tiny; the clip limits
-  :math:`\hat m_t` to what the local-age :math:`\hat v_t` allows. With
-  ``nesterov`` the bound is :math:`\beta_1 C + 1/\sqrt{1 - \beta_2}`; for
-  :math:`\beta_1 \ge \sqrt{\beta_2}` there is no finite bound and no clip.
+  `\hat m_t` to what the local-age `\hat v_t` allows. With
+  ``nesterov`` the bound is `\beta_1 C + 1/\sqrt{1 - \beta_2}`; for
+  `\beta_1 \ge \sqrt{\beta_2}` there is no finite bound and no clip.
 
   Args:
     b1: Decay rate of the first moment, in ``[0, 1)``.
@@ -709,7 +718,7 @@ def scale_by_adam_local_age(
     nesterov: Nesterov momentum, as in ``optax.scale_by_adam``.
 
   Returns:
-    A :class:`optax.GradientTransformation`.
+    A `optax.GradientTransformation`.
 
   Raises:
     ValueError: for a decay outside ``[0, 1)``, a negative or non-finite
@@ -726,12 +735,12 @@ def scale_by_adam_local_age(
     1
 
   References:
-    Kingma & Ba, `Adam: A Method for Stochastic Optimization
-    <https://arxiv.org/abs/1412.6980>`_, 2014
+    Kingma & Ba, [Adam: A Method for Stochastic
+    Optimization](https://arxiv.org/abs/1412.6980), 2014
 
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States
     in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
-    State Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (App. A.7)
+    State Resets](https://arxiv.org/abs/2603.16731), 2026 (App. A.7)
   """
   b1 = validation.check_number(b1, 'b1', high=1.0)
   b2 = validation.check_number(b2, 'b2', high=1.0)
@@ -786,7 +795,7 @@ def scale_by_adam_local_age(
 
 
 def _auto_period(fmt: Any, b2: Any, given: str) -> int:
-  """:func:`optax_q.reset_period` of the stored second-moment format.
+  """`optax_q.reset_period` of the stored second-moment format.
 
   Args:
     fmt: The format the second moment is stored in (or None: float32).
@@ -836,15 +845,15 @@ def resolve_reset_every(
 ) -> dict[str, int | str]:
   """``{moment: period or 'adaptive'}`` for a ``reset_every`` argument.
 
-  ``'auto'`` becomes :func:`optax_q.reset_period` at ``b2`` (``s0 = 0.6``)
+  ``'auto'`` becomes `optax_q.reset_period` at ``b2`` (``s0 = 0.6``)
   of the format the second moment is actually stored in
-  (:func:`optax_q.unsigned_variant` of ``nu_format``: ``fp4_e2m1`` is stored
+  (`optax_q.unsigned_variant` of ``nu_format``: ``fp4_e2m1`` is stored
   as ``fp4_e2m2u``), used for both moments as in the paper.
 
   Args:
     reset_every: ``None``, an int in ``[1, 2**31 - 1]``, ``'auto'``,
       ``'adaptive'``, or a dict ``{'mu' | 'nu': one of those}``.
-    nu_format: The second moment's format, a name or :class:`Format` (for
+    nu_format: The second moment's format, a name or `Format` (for
       ``'auto'`` and the warnings).
     b2: The second moment's decay (for ``'auto'``).
     rounding: For the warning on small predicted stall rates.
@@ -982,8 +991,8 @@ def adam_with_resets(
   for either, both moments and both ages restart, so every update after a
   reset is a fresh Adam step. Moments with different policies are reset
   separately; then a second moment may restart under an old first moment,
-  and :func:`scale_by_adam_local_age` clips that update to Adam's bound
-  ``C`` (see there), with a warning at construction.
+  and [`scale_by_adam_local_age`][optax_q.scale_by_adam_local_age] clips that
+  update to Adam's bound ``C`` (see there), with a warning at construction.
 
   Args:
     reset_every: ``None``, a positive int period for both moments,
@@ -998,25 +1007,28 @@ def adam_with_resets(
     eps: Added to the denominator.
     eps_root: Added inside the square root.
     nesterov: Nesterov momentum.
-    formats: ``{'mu': format, 'nu': format}`` as for :func:`quantize_state`.
+    formats: ``{'mu': format, 'nu': format}`` as for
+      [`quantize_state`][optax_q.quantize_state].
     rounding: ``'nearest'`` or ``'stochastic'``.
     block_size: Elements per scale along the last axis (None: 128).
     seed: Seed of the stochastic rounding (None: 0).
     min_size: Leaves with fewer elements keep float32 state (they are still
       reset with the rest).
     scale_mode: How quantized leaves are scaled; None: by format (see
-      :func:`quantize_state`).
-    decay: :math:`\beta` of the adaptive rule; ``b2`` by default.
+      [`quantize_state`][optax_q.quantize_state]).
+    decay: `\beta` of the adaptive rule; ``b2`` by default.
     s0: Staleness tolerance of the adaptive rule.
     track_stalls: Record per-leaf stalled fractions for
-      :func:`stall_fraction` (the adaptive rule does not need them).
+      [`stall_fraction`][optax_q.stall_fraction] (the adaptive rule does not
+      need them).
 
   Returns:
-    A gradient transformation whose state is a :class:`ResetState`.
+    A gradient transformation whose state is a
+      [`ResetState`][optax_q.ResetState].
 
   Raises:
     ValueError: at construction, naming the argument: see
-      :func:`reset_state` and :func:`resolve_reset_every`; with
+      [`reset_state`][optax_q.reset_state] and `resolve_reset_every`; with
       ``'adaptive'`` and no ``decay``, ``b2`` must lie in ``(0, 1)``.
 
   Examples:
@@ -1030,9 +1042,9 @@ def adam_with_resets(
     {'mu': Array(0, dtype=int32), 'nu': Array(0, dtype=int32)}
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States
     in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
-    State Resets <https://arxiv.org/abs/2603.16731>`_, 2026
+    State Resets](https://arxiv.org/abs/2603.16731), 2026
   """
   formats = dict(formats or {})
   nu_format = formats.get('nu')

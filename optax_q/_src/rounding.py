@@ -19,8 +19,8 @@ element: the same seed gives the same bits on any mesh, a resumed run
 repeats itself exactly, and the cost is a few integer ops per element.
 
 References:
-  Gupta et al, `Deep Learning with Limited Numerical Precision
-  <https://arxiv.org/abs/1502.02551>`_, 2015
+  Gupta et al, [Deep Learning with Limited Numerical
+  Precision](https://arxiv.org/abs/1502.02551), 2015
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def uniform(key: jax.Array, shape, *, row_stride: int = 1,
   """Uniform float32 in [0, 1), 24 random bits, from ``key`` and position.
 
   ``row_stride`` and ``row_offset`` draw the bits of a tile of rows of a
-  larger array, as :func:`element_index`.
+  larger array, as `element_index`.
 
   One "lowbias32" hash per element, with the key mixed in twice (before the
   first multiply and again before the second): two streams whose
@@ -249,7 +249,7 @@ def round_to_table(
   of the two bracketing entries is taken with probability
   ``(x - lo) / (hi - lo)``, so the decoded value is unbiased; with a
   ``space`` other than ``'linear'`` that fraction (and the midpoint of
-  nearest rounding) is taken after :func:`in_space`, so the rounding is
+  nearest rounding) is taken after `in_space`, so the rounding is
   unbiased there instead.
 
   ``table`` given as a tuple of floats (a format's static table) takes a

@@ -112,7 +112,7 @@ def fit_scaling_law(num_params: npt.ArrayLike, loss: npt.ArrayLike,
     huber_delta: The Huber loss's threshold on log residuals.
 
   Returns:
-    A :class:`ScalingLawFit`.
+    A [`ScalingLawFit`][optax_q.quant.ScalingLawFit].
 
   The fit is bounded: ``alpha`` in ``(0, 4]``, ``rho`` in ``[1e-3, 10]``,
   ``e`` in ``[0, min(loss))``; a value at a bound says the data do not
@@ -134,10 +134,10 @@ def fit_scaling_law(num_params: npt.ArrayLike, loss: npt.ArrayLike,
     (0.8, 0.4)
 
   References:
-    Vlassis et al, `Beyond Outliers: A Study of Optimizers Under
-    Quantization <https://arxiv.org/abs/2509.23500>`_, 2025;
-    Kumar et al, `Scaling Laws for Precision
-    <https://arxiv.org/abs/2411.04330>`_, 2024
+    Vlassis et al, [Beyond Outliers: A Study of Optimizers Under
+    Quantization](https://arxiv.org/abs/2509.23500), 2025;
+    Kumar et al, [Scaling Laws for Precision](https://arxiv.org/abs/2411.04330),
+    2024
   """
   n, loss = _vector(num_params, 'num_params'), _vector(loss, 'loss')
   if quantized is None:

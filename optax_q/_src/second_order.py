@@ -13,9 +13,9 @@
 # limitations under the License.
 """Shampoo and SOAP with low-bit, resettable state: the storage wiring.
 
-:func:`optax_q.shampoo` and :func:`optax_q.soap` are their ``scale_by_*``
-transform wrapped in :func:`quantize_state` (a format per statistic),
-optionally in :func:`reset_state` (moments reset to zero, factor statistics
+`optax_q.shampoo` and `optax_q.soap` are their ``scale_by_*``
+transform wrapped in `quantize_state` (a format per statistic),
+optionally in `reset_state` (moments reset to zero, factor statistics
 to a scaled identity, with local-age bias correction), then decoupled
 weight decay and the learning rate. This module holds what the two share.
 """

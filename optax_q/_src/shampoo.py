@@ -14,9 +14,9 @@
 """Shampoo: blocked Kronecker-factored preconditioning with grafting.
 
 ``scale_by_shampoo`` is plain float32 arithmetic on a state whose every
-statistic is a separate field, so that :func:`optax_q.quantize_state` can
-store each in its own format and :func:`optax_q.reset_state` can reset
-them; :func:`optax_q.shampoo` puts the pieces together.
+statistic is a separate field, so that `optax_q.quantize_state` can
+store each in its own format and `optax_q.reset_state` can reset
+them; `optax_q.shampoo` puts the pieces together.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ GRAFTINGS = ('adam', 'sgd', 'none')
 
 
 class ScaleByShampooState(NamedTuple):
-  """State of :func:`scale_by_shampoo`.
+  """State of [`scale_by_shampoo`][optax_q.scale_by_shampoo].
 
   Matrix fields hold, for every parameter of rank >= 2, a stack
   ``(grid_rows, grid_cols, n, n)`` over its blocks (``optax.MaskedNode``
@@ -211,25 +211,26 @@ def scale_by_shampoo(
 
   For a parameter of rank >= 2, read as a matrix (see below) and cut into
   blocks of at most ``max_preconditioner_dim`` rows and columns, each
-  block keeps the factor statistics :math:`L = \mathrm{EMA}_\beta[G G^T]`
-  and :math:`R = \mathrm{EMA}_\beta[G^T G]` (bias-corrected), refreshes
-  their eigendecompositions :math:`L = Q_L \Lambda_L Q_L^T` every
+  block keeps the factor statistics `L = \mathrm{EMA}_\beta[G G^T]`
+  and `R = \mathrm{EMA}_\beta[G^T G]` (bias-corrected), refreshes
+  their eigendecompositions `L = Q_L \Lambda_L Q_L^T` every
   ``precondition_frequency`` updates (the first update included), and
-  preconditions the gradients' EMA :math:`\hat m` as
+  preconditions the gradients' EMA `\hat m` as
 
-  .. math::
-    D = Q_L (\Lambda_L + \epsilon \lambda_{max})^{-1/4} Q_L^T \, \hat m \,
-        Q_R (\Lambda_R + \epsilon \lambda_{max})^{-1/4} Q_R^T,
+  ```tex
+  D = Q_L (\Lambda_L + \epsilon \lambda_{max})^{-1/4} Q_L^T \, \hat m \,
+      Q_R (\Lambda_R + \epsilon \lambda_{max})^{-1/4} Q_R^T,
+  ```
 
-  then rescales each block of :math:`D` to the norm of the same block of
-  the grafting direction: Adam's :math:`\hat m / (\sqrt{\hat v} +
-  \epsilon)` (``'adam'``), :math:`\hat m` (``'sgd'``) or not at all
+  then rescales each block of `D` to the norm of the same block of
+  the grafting direction: Adam's `\hat m / (\sqrt{\hat v} +
+  \epsilon)` (``'adam'``), `\hat m` (``'sgd'``) or not at all
   (``'none'``). Parameters of rank < 2 (and matrices with one row or one
   column) take the grafting direction itself: with ``'sgd'`` and
-  ``'none'`` that is :math:`\\hat m`, a step that scales with the
+  ``'none'`` that is `\hat m`, a step that scales with the
   gradients while the preconditioned ones do not.
   The statistics are held in the current eigenbasis
-  (:math:`Q_L^T L Q_L`, diagonal right after a refresh), so that a
+  (`Q_L^T L Q_L`, diagonal right after a refresh), so that a
   quantized statistic keeps each eigen-direction to its own relative
   precision (see ``optax_q/_src/preconditioner.py``).
 
@@ -237,7 +238,7 @@ def scale_by_shampoo(
   axes and whose columns are the others, split where the two are most
   nearly equal (a ``(128, 4, 32)`` kernel is ``128 x 128``). A refresh
   whose statistic or result is not finite keeps that block's last good
-  preconditioner; gradients are clipped to :math:`2^{55}` inside the
+  preconditioner; gradients are clipped to `2^{55}` inside the
   statistics, so that finite gradients never give non-finite ones.
 
   Args:
@@ -258,8 +259,8 @@ def scale_by_shampoo(
 
   Returns:
     A gradient transformation whose state is a
-    :class:`ScaleByShampooState`; chain it with weight decay and a learning
-    rate, or use :func:`optax_q.shampoo`.
+    [`ScaleByShampooState`][optax_q.ScaleByShampooState]; chain it with weight
+    decay and a learning rate, or use [`optax_q.shampoo`][optax_q.shampoo].
 
   Raises:
     ValueError: at construction, naming the bad argument and the allowed
@@ -275,14 +276,14 @@ def scale_by_shampoo(
     ...                             'b': jnp.ones(128)}, state)
 
   References:
-    Gupta et al, `Shampoo: Preconditioned Stochastic Tensor Optimization
-    <https://arxiv.org/abs/1802.09568>`_, 2018
+    Gupta et al, [Shampoo: Preconditioned Stochastic Tensor
+    Optimization](https://arxiv.org/abs/1802.09568), 2018
 
-    Shi et al, `A Distributed Data-Parallel PyTorch Implementation of the
-    Distributed Shampoo Optimizer <https://arxiv.org/abs/2309.06497>`_, 2023
+    Shi et al, [A Distributed Data-Parallel PyTorch Implementation of the
+    Distributed Shampoo Optimizer](https://arxiv.org/abs/2309.06497), 2023
 
-    Wang et al, `4-bit Shampoo for Memory-Efficient Network Training
-    <https://arxiv.org/abs/2405.18144>`_, 2024
+    Wang et al, [4-bit Shampoo for Memory-Efficient Network
+    Training](https://arxiv.org/abs/2405.18144), 2024
   """
   cfg = pc.check_settings(
       b1=b1, b2=b2, eps=eps, shampoo_beta=shampoo_beta,
@@ -322,21 +323,21 @@ def shampoo(
 ) -> optax.GradientTransformation:
   """Shampoo with Adam grafting and low-bit, resettable statistics.
 
-  :func:`scale_by_shampoo` stored by :func:`quantize_state`, each field in
-  its own format: the gradients' EMA in ``mu_format``, Adam grafting's
-  second moment in ``nu_format`` (its unsigned variant), the factor
-  statistics in ``stats_format`` with one scale per row (they are held in
-  their eigenbasis, so a row is an eigen-direction), the eigenbases in
-  ``eigvecs_format`` rounded to nearest and rectified by one Björck
-  iteration on use (Wang et al., 2024); the eigenvalues stay float32.
-  Then decoupled weight decay and the learning rate. With ``'fp32'``
-  formats it is ``scale_by_shampoo`` chained with
+  [`scale_by_shampoo`][optax_q.scale_by_shampoo] stored by
+  [`quantize_state`][optax_q.quantize_state], each field in its own format: the
+  gradients' EMA in ``mu_format``, Adam grafting's second moment in
+  ``nu_format`` (its unsigned variant), the factor statistics in
+  ``stats_format`` with one scale per row (they are held in their eigenbasis, so
+  a row is an eigen-direction), the eigenbases in ``eigvecs_format`` rounded to
+  nearest and rectified by one Björck iteration on use (Wang et al., 2024); the
+  eigenvalues stay float32. Then decoupled weight decay and the learning rate.
+  With ``'fp32'`` formats it is ``scale_by_shampoo`` chained with
   ``optax.add_decayed_weights`` and ``optax.scale_by_learning_rate``.
 
   ``reset_every`` resets the moments to zero and the factor statistics to
-  a scaled identity (see :func:`reset_state`'s ``reset_to``), each with
-  its local-age bias correction: the staleness paper's practice for SOAP's
-  statistics (Topollai & Choromanska, 2026).
+  a scaled identity (see [`reset_state`][optax_q.reset_state]'s ``reset_to``),
+  each with its local-age bias correction: the staleness paper's practice for
+  SOAP's statistics (Topollai & Choromanska, 2026).
 
   Args:
     learning_rate: A float or an Optax schedule.
@@ -385,14 +386,14 @@ def shampoo(
     0.26
 
   References:
-    Gupta et al, `Shampoo: Preconditioned Stochastic Tensor Optimization
-    <https://arxiv.org/abs/1802.09568>`_, 2018
+    Gupta et al, [Shampoo: Preconditioned Stochastic Tensor
+    Optimization](https://arxiv.org/abs/1802.09568), 2018
 
-    Wang et al, `4-bit Shampoo for Memory-Efficient Network Training
-    <https://arxiv.org/abs/2405.18144>`_, 2024
+    Wang et al, [4-bit Shampoo for Memory-Efficient Network
+    Training](https://arxiv.org/abs/2405.18144), 2024
 
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States
-    in LLM Pre-training <https://arxiv.org/abs/2603.16731>`_, 2026
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States
+    in LLM Pre-training](https://arxiv.org/abs/2603.16731), 2026
   """
   formats = second_order.field_formats(
       mu_format=mu_format, nu_format=nu_format, stats_format=stats_format,

@@ -13,7 +13,7 @@
 # limitations under the License.
 """Shardings of optimizer state, derived from the parameters' shardings.
 
-A :class:`QArray` keeps the rank of its parameter (codes: the param's shape,
+A `QArray` keeps the rank of its parameter (codes: the param's shape,
 4-bit codes with the last axis halved; scales: the last axis divided into
 blocks), so the parameter's ``PartitionSpec`` applies to its codes and to its
 scales unchanged, as long as every sharded axis still divides by its mesh
@@ -28,7 +28,7 @@ tree shaped like the parameters (``tree_map_params(tx, f, state, specs)``):
 a QArray holds two buffers where that tree has one leaf, a pytree structure
 error. With ``is_leaf=optax_q.is_qarray``, ``f`` gets the whole QArray and
 the parameter's leaf, and must give the codes and the scales theirs itself.
-:func:`state_shardings` is the way to derive a quantized state's shardings
+`state_shardings` is the way to derive a quantized state's shardings
 from the parameters'.
 """
 
@@ -157,8 +157,8 @@ def state_shardings(
   Every subtree of ``state`` laid out like the parameters (``mu``, ``nu``,
   ``trace``, masked copies with ``MaskedNode`` holes, a dict of per-
   parameter statistics, ...) takes the parameters' shardings: a plain array
-  takes its parameter's sharding, a :class:`QArray` gives it to its codes
-  and to its scales. A parameter's slot may also hold buffers of other
+  takes its parameter's sharding, a [`QArray`][optax_q.QArray] gives it to its
+  codes and to its scales. A parameter's slot may also hold buffers of other
   shapes, or a subtree of them (preconditioner factors, say); each takes
   the parameter's ``PartitionSpec`` axis by axis, the same rule as codes
   and scales: an axis whose length the mesh axes do not divide is
@@ -216,7 +216,7 @@ def state_shardings(
 
 
 class _Context(NamedTuple):
-  """What :func:`_visit` matches against, and what it found."""
+  """What `_visit` matches against, and what it found."""
 
   param_def: Any
   shardings: list[NamedSharding]

@@ -14,8 +14,8 @@
 """SOAP: Adam in the eigenbasis of Shampoo's factor statistics.
 
 ``scale_by_soap`` is plain float32 arithmetic on a state whose every
-statistic is a separate field (see :mod:`optax_q._src.shampoo`);
-:func:`optax_q.soap` stores them in low precision and resets them.
+statistic is a separate field (see `optax_q._src.shampoo`);
+`optax_q.soap` stores them in low precision and resets them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from optax_q._src import second_order
 
 
 class ScaleBySoapState(NamedTuple):
-  """State of :func:`scale_by_soap`.
+  """State of [`scale_by_soap`][optax_q.scale_by_soap].
 
   For every parameter of rank >= 2, ``mu`` and ``nu`` are block stacks
   ``(grid_rows, grid_cols, rows, cols)`` in the rotated coordinates and the
@@ -223,23 +223,23 @@ def scale_by_soap(
   r"""SOAP: Adam run in the eigenbasis of Shampoo's factor statistics.
 
   For a parameter of rank >= 2, read as a matrix and cut into blocks as in
-  :func:`optax_q.scale_by_shampoo`, each block keeps the factor statistics
-  :math:`L = \mathrm{EMA}_\beta[G G^T]`, :math:`R = \mathrm{EMA}_\beta[G^T
-  G]` and orthogonal bases :math:`Q_L, Q_R`, and runs Adam on the rotated
-  gradient :math:`G' = Q_L^T G Q_R`, rotating the result back:
-  :math:`Q_L (\hat m' / (\sqrt{\hat v'} + \epsilon)) Q_R^T`. Every
+  [`optax_q.scale_by_shampoo`][optax_q.scale_by_shampoo], each block keeps the
+  factor statistics `L = \mathrm{EMA}_\beta[G G^T]`, `R = \mathrm{EMA}_\beta[G^T
+  G]` and orthogonal bases `Q_L, Q_R`, and runs Adam on the rotated
+  gradient `G' = Q_L^T G Q_R`, rotating the result back:
+  `Q_L (\hat m' / (\sqrt{\hat v'} + \epsilon)) Q_R^T`. Every
   ``precondition_frequency`` updates (the first included) the bases are
   refreshed, before the moments take the new gradient: the first time as
   the eigenvectors of the statistics, later by one QR power iteration
-  :math:`Q \leftarrow \mathrm{qr}(L Q)` on the columns sorted by their
-  estimated eigenvalues :math:`\mathrm{diag}(Q^T L Q)`. The first moment is
+  `Q \leftarrow \mathrm{qr}(L Q)` on the columns sorted by their
+  estimated eigenvalues `\mathrm{diag}(Q^T L Q)`. The first moment is
   rotated into the new basis exactly; the second moment is permuted with
   the columns (Vyas et al., Algorithm 4). Parameters of rank < 2 take plain
   Adam. As in the reference implementation, the first update only sets up
   the bases and returns zeros.
 
-  The statistics are held in the current basis (:math:`Q_L^T L Q_L`),
-  which a power iteration reads without forming :math:`L`. A refresh whose
+  The statistics are held in the current basis (`Q_L^T L Q_L`),
+  which a power iteration reads without forming `L`. A refresh whose
   statistic or result is not finite keeps that block's last good basis.
 
   Args:
@@ -256,9 +256,9 @@ def scale_by_soap(
       use, in [0, 8]: 1 when they are stored quantized.
 
   Returns:
-    A gradient transformation whose state is a :class:`ScaleBySoapState`;
-    chain it with weight decay and a learning rate, or use
-    :func:`optax_q.soap`.
+    A gradient transformation whose state is a
+    [`ScaleBySoapState`][optax_q.ScaleBySoapState]; chain it with weight decay
+    and a learning rate, or use [`optax_q.soap`][optax_q.soap].
 
   Raises:
     ValueError: at construction, naming the bad argument and the allowed
@@ -274,8 +274,8 @@ def scale_by_soap(
     ...                             'b': jnp.ones(128)}, state)
 
   References:
-    Vyas et al, `SOAP: Improving and Stabilizing Shampoo using Adam
-    <https://arxiv.org/abs/2409.11321>`_, 2024
+    Vyas et al, [SOAP: Improving and Stabilizing Shampoo using
+    Adam](https://arxiv.org/abs/2409.11321), 2024
   """
   cfg = pc.check_settings(
       b1=b1, b2=b2, eps=eps, shampoo_beta=shampoo_beta,
@@ -311,14 +311,14 @@ def soap(
 ) -> optax.GradientTransformation:
   """SOAP with low-bit, resettable state.
 
-  :func:`scale_by_soap` stored by :func:`quantize_state`, each field in its
-  own format: Adam's moments (in the rotated coordinates) in ``mu_format``
-  and ``nu_format``, the factor statistics in ``stats_format`` with one
-  scale per row, the eigenbases in ``eigvecs_format`` rounded to nearest
-  and rectified by one Björck iteration on use. Then decoupled weight decay
-  and the learning rate. With ``'fp32'`` formats it is ``scale_by_soap``
-  chained with ``optax.add_decayed_weights`` and
-  ``optax.scale_by_learning_rate``.
+  [`scale_by_soap`][optax_q.scale_by_soap] stored by
+  [`quantize_state`][optax_q.quantize_state], each field in its own format:
+  Adam's moments (in the rotated coordinates) in ``mu_format`` and
+  ``nu_format``, the factor statistics in ``stats_format`` with one scale per
+  row, the eigenbases in ``eigvecs_format`` rounded to nearest and rectified by
+  one Björck iteration on use. Then decoupled weight decay and the learning
+  rate. With ``'fp32'`` formats it is ``scale_by_soap`` chained with
+  ``optax.add_decayed_weights`` and ``optax.scale_by_learning_rate``.
 
   ``reset_every`` resets the moments to zero and the factor statistics to
   a scaled identity, with local-age bias correction; the staleness paper
@@ -367,11 +367,11 @@ def soap(
     >>> state = tx.init(params)
 
   References:
-    Vyas et al, `SOAP: Improving and Stabilizing Shampoo using Adam
-    <https://arxiv.org/abs/2409.11321>`_, 2024
+    Vyas et al, [SOAP: Improving and Stabilizing Shampoo using
+    Adam](https://arxiv.org/abs/2409.11321), 2024
 
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States
-    in LLM Pre-training <https://arxiv.org/abs/2603.16731>`_, 2026
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States
+    in LLM Pre-training](https://arxiv.org/abs/2603.16731), 2026
   """
   formats = second_order.field_formats(
       mu_format=mu_format, nu_format=nu_format, stats_format=stats_format,

@@ -61,7 +61,7 @@ def is_box(x: Any) -> bool:
   """Whether ``x`` is a box around one float array, as an ``nnx.Variable``.
 
   A box is a pytree node other than a NamedTuple, a container or a
-  :class:`QArray`, whose only child is a float array under the attribute
+  `QArray`, whose only child is a float array under the attribute
   ``value`` (Flax NNX ``Variable``, Linen ``Partitioned``).
   """
   if (x is None or is_namedtuple(x) or qarray_lib.is_qarray(x)
@@ -105,8 +105,8 @@ def field_names(state: Any, skip: Callable[[Any], Any] | None = None
                 ) -> tuple[set[str], set[str]]:
   """``(float field names, integer field names)`` of a state's leaves.
 
-  Every ``GetAttrKey`` on a leaf's path counts; :class:`QArray` leaves are
-  float leaves. ``skip`` is as for :func:`map_fields`: a wrapper's state
+  Every ``GetAttrKey`` on a leaf's path counts; `QArray` leaves are
+  float leaves. ``skip`` is as for `map_fields`: a wrapper's state
   node is read through the subtree it returns (its own counters and
   telemetry are not fields of the wrapped state).
   """
@@ -151,7 +151,7 @@ def probe_state(inner: optax.GradientTransformation) -> Any:
 def probe_field_names(inner: optax.GradientTransformation,
                       skip: Callable[[Any], Any] | None = None
                       ) -> tuple[set[str], set[str]] | None:
-  """:func:`field_names` of ``inner``'s state on a probe tree, or None."""
+  """`field_names` of ``inner``'s state on a probe tree, or None."""
   state = probe_state(inner)
   return None if state is None else field_names(state, skip)
 
@@ -170,7 +170,7 @@ def map_fields(fn: Callable[..., Any], names, state: Any, *rest: Any,
   """Maps ``fn(name, leaf, *rest_leaves)`` over the leaves of ``state``.
 
   ``name`` is the innermost field on the leaf's path that is in ``names``
-  (or None). :class:`QArray` leaves are passed whole. ``skip(node)``, where
+  (or None). `QArray` leaves are passed whole. ``skip(node)``, where
   given, returns for a wrapper's state node the subtree to descend into in
   its place (``node`` is rebuilt around it) or None for other nodes: the
   quantized state passes its ``inner_state``, so its telemetry and rounding

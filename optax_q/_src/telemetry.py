@@ -100,11 +100,11 @@ def stall_fraction(state: Any) -> dict[str, jax.Array]:
   keyed by the leaf's ``'a/b/c'`` path inside the wrapped transform's state
   (e.g. ``'0/inner_state/0/mu/w'``). The scalars are computed inside the
   update when the state was made with ``track_stalls=True`` (the default of
-  :func:`quantize_state`; the drop-in optimizers such as :func:`adamw` take
-  it as an argument, off by default, since comparing every code is one more
-  pass over the state); leaves without them are left out. Works on any
-  state that contains ``quantize_state`` states, inside chains, masks and
-  partitions.
+  [`quantize_state`][optax_q.quantize_state]; the drop-in optimizers such as
+  [`adamw`][optax_q.adamw] take it as an argument, off by default, since
+  comparing every code is one more pass over the state); leaves without them are
+  left out. Works on any state that contains ``quantize_state`` states, inside
+  chains, masks and partitions.
 
   Args:
     state: Any optimizer state.

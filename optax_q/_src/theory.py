@@ -19,9 +19,10 @@ the local grid spacing the stored value does not change: the update *stalls*.
 For the second moment of Adam the stall probability depends only on the
 format's epsilon and on ``b2``, through the effective precision ratio
 
-.. math::
-  \hat\rho = \frac{\varepsilon}{2 (1 - \beta_2) \bar m}, \qquad
-  \bar m = 1 / \ln 2.
+```tex
+\hat\rho = \frac{\varepsilon}{2 (1 - \beta_2) \bar m}, \qquad
+\bar m = 1 / \ln 2.
+```
 
 This module holds the model's small pure functions: the one-step stall
 probabilities under nearest and stochastic rounding, the build-up of stalling
@@ -34,9 +35,9 @@ depend on the gradient scale). Formats are described by their epsilon
 ``2**-M``, with ``M`` stored mantissa bits.
 
 References:
-  Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+  Topollai & Choromanska, [Understanding Quantization of Optimizer States in
   LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-  Resets <https://arxiv.org/abs/2603.16731>`_, 2026
+  Resets](https://arxiv.org/abs/2603.16731), 2026
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ def format_epsilon(fmt: Any) -> float:
     fmt: A format name (``'bf16'``, ``'fp16'``, ``'fp8_e4m3'``,
       ``'fp8_e5m2'``, ``'fp4_e2m1'``, ``'fp4_e2m2u'``, ``'fp4'``, or a
       simulated ``'e{E}m{M}'``) or an object with attributes ``name`` and
-      ``mantissa_bits`` (such as :class:`optax_q.Format`). The model
+      ``mantissa_bits`` (such as [`optax_q.Format`][optax_q.Format]). The model
       describes the grid a second moment of this format is stored in:
       ``'fp4'`` is ``'fp4_e2m1'`` (as everywhere in the library), and a
       second moment in ``fp4_e2m1`` is stored in the unsigned E2M2 grid
@@ -287,34 +288,36 @@ def format_epsilon(fmt: Any) -> float:
     0.25
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States in
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-    Resets <https://arxiv.org/abs/2603.16731>`_, 2026
+    Resets](https://arxiv.org/abs/2603.16731), 2026
   """
   return 2.0 ** -_mantissa_bits(fmt)
 
 
 def effective_precision_ratio(fmt: Any, b2: float = 0.999) -> float:
-  r"""Effective precision ratio :math:`\hat\rho` of a stored second moment.
+  r"""Effective precision ratio `\hat\rho` of a stored second moment.
 
   With the mantissa log-uniform on ``[1, 2)`` (mean
-  :math:`\bar m = 1/\ln 2`), gradients :math:`g \sim N(0, \sigma^2)`,
-  :math:`z = g^2/\sigma^2 \sim \chi^2_1` and a stationary state
-  :math:`v \approx \sigma^2`, the ratio of the EMA increment to the local grid
-  spacing is :math:`|\Delta|/u \approx |z - 1| / (2\hat\rho)` with
+  `\bar m = 1/\ln 2`), gradients `g \sim N(0, \sigma^2)`,
+  `z = g^2/\sigma^2 \sim \chi^2_1` and a stationary state
+  `v \approx \sigma^2`, the ratio of the EMA increment to the local grid
+  spacing is `|\Delta|/u \approx |z - 1| / (2\hat\rho)` with
 
-  .. math::
-    \hat\rho = \frac{\varepsilon}{2 (1 - \beta_2) \bar m}.
+  ```tex
+  \hat\rho = \frac{\varepsilon}{2 (1 - \beta_2) \bar m}.
+  ```
 
-  The gradient scale cancels: :math:`\hat\rho` depends only on the format and
-  :math:`\beta_2`. Large :math:`\hat\rho` means most updates stall.
+  The gradient scale cancels: `\hat\rho` depends only on the format and
+  `\beta_2`. Large `\hat\rho` means most updates stall.
 
   Args:
-    fmt: The second moment's storage format (see :func:`format_epsilon`).
+    fmt: The second moment's storage format (see
+      [`format_epsilon`][optax_q.format_epsilon]).
     b2: EMA decay rate of the second moment, in ``(0, 1)``.
 
   Returns:
-    :math:`\hat\rho`, a Python float.
+    `\hat\rho`, a Python float.
 
   Examples:
     >>> import optax_q
@@ -322,9 +325,9 @@ def effective_precision_ratio(fmt: Any, b2: float = 0.999) -> float:
     2.71
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States in
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-    Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Definition 3.2)
+    Resets](https://arxiv.org/abs/2603.16731), 2026 (Definition 3.2)
   """
   eps = format_epsilon(fmt)
   b2 = _check_b2(b2)
@@ -341,25 +344,27 @@ def stall_probability(
   r"""Steady-state probability that one second-moment update stalls.
 
   A stall is a step whose stored value equals the previous stored value. With
-  :math:`z \sim \chi^2_1` and :math:`F` its CDF, round-to-nearest stalls iff
-  :math:`|z - 1| < \hat\rho`, and stochastic rounding moves one grid step with
-  probability :math:`|\Delta|/u`:
+  `z \sim \chi^2_1` and `F` its CDF, round-to-nearest stalls iff
+  `|z - 1| < \hat\rho`, and stochastic rounding moves one grid step with
+  probability `|\Delta|/u`:
 
-  .. math::
-    P_{NR} = F(1 + \hat\rho) - F(\max(0, 1 - \hat\rho)), \qquad
-    P_{SR} = \mathbb{E}_z\left[\max\left(0,
-      1 - \frac{|z - 1|}{2\hat\rho}\right)\right].
+  ```tex
+  P_{NR} = F(1 + \hat\rho) - F(\max(0, 1 - \hat\rho)), \qquad
+  P_{SR} = \mathbb{E}_z\left[\max\left(0,
+    1 - \frac{|z - 1|}{2\hat\rho}\right)\right].
+  ```
 
-  :math:`P_{SR}` is evaluated in closed form. With ``asymptotic=True`` the
-  large-:math:`\hat\rho` forms are used instead: :math:`P_{NR} \approx
-  F(1 + \hat\rho)` and :math:`P_{SR} \approx 1 - \mu_1/(2\hat\rho)`, with
-  :math:`\mu_1 = \mathbb{E}|z - 1| = 4\varphi(1)`.
+  `P_{SR}` is evaluated in closed form. With ``asymptotic=True`` the
+  large-`\hat\rho` forms are used instead: `P_{NR} \approx
+  F(1 + \hat\rho)` and `P_{SR} \approx 1 - \mu_1/(2\hat\rho)`, with
+  `\mu_1 = \mathbb{E}|z - 1| = 4\varphi(1)`.
 
   Args:
-    fmt: The second moment's storage format (see :func:`format_epsilon`).
+    fmt: The second moment's storage format (see
+      [`format_epsilon`][optax_q.format_epsilon]).
     b2: EMA decay rate of the second moment, in ``(0, 1)``.
     rounding: ``'nearest'`` or ``'stochastic'``.
-    asymptotic: Use the large-:math:`\hat\rho` approximations.
+    asymptotic: Use the large-`\hat\rho` approximations.
 
   Returns:
     The stall probability in ``[0, 1]``, a Python float.
@@ -372,9 +377,9 @@ def stall_probability(
     0.825
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States in
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-    Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Propositions 3.3, 5.1)
+    Resets](https://arxiv.org/abs/2603.16731), 2026 (Propositions 3.3, 5.1)
   """
   rho = effective_precision_ratio(fmt, b2)
   rounding = validation.check_rounding(rounding)
@@ -394,24 +399,26 @@ def effective_decay(
     fmt: Any, b2: float = 0.999, rounding: str = 'nearest') -> float:
   r"""Mean-field effective decay rate of a stalling second moment.
 
-  If each update stalls with probability :math:`P`, the EMA moves on only a
-  fraction :math:`1 - P` of the steps, so it forgets more slowly:
+  If each update stalls with probability `P`, the EMA moves on only a
+  fraction `1 - P` of the steps, so it forgets more slowly:
 
-  .. math::
-    \beta_2^{\text{eff}} \approx 1 - (1 - \beta_2)(1 - P), \qquad
-    \tau_{\text{eff}} = \frac{1}{1 - \beta_2^{\text{eff}}}
-      = \frac{\tau}{1 - P}.
+  ```tex
+  \beta_2^{\text{eff}} \approx 1 - (1 - \beta_2)(1 - P), \qquad
+  \tau_{\text{eff}} = \frac{1}{1 - \beta_2^{\text{eff}}}
+    = \frac{\tau}{1 - P}.
+  ```
 
   This summary describes nearest-rounding lag; under stochastic rounding the
   stored EMA is unbiased and staleness shows up as variance instead.
 
   Args:
-    fmt: The second moment's storage format (see :func:`format_epsilon`).
+    fmt: The second moment's storage format (see
+      [`format_epsilon`][optax_q.format_epsilon]).
     b2: EMA decay rate of the second moment, in ``(0, 1)``.
     rounding: ``'nearest'`` or ``'stochastic'``.
 
   Returns:
-    :math:`\beta_2^{\text{eff}}`, a Python float.
+    `\beta_2^{\text{eff}}`, a Python float.
 
   Examples:
     >>> import optax_q
@@ -420,9 +427,9 @@ def effective_decay(
     18500.0
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States in
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-    Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Eqs. 12-13)
+    Resets](https://arxiv.org/abs/2603.16731), 2026 (Eqs. 12-13)
   """
   p = stall_probability(fmt, b2, rounding)
   return 1.0 - (1.0 - float(b2)) * (1.0 - p)
@@ -439,35 +446,38 @@ def transient_stall_probability(
   r"""Nearest-rounding stall probability ``j`` steps after a (re)initialisation.
 
   From a zero state the second moment follows
-  :math:`\bar v_j = \sigma^2 \phi_j` with :math:`\phi_j = 1 - \beta_2^j`, and
+  `\bar v_j = \sigma^2 \phi_j` with `\phi_j = 1 - \beta_2^j`, and
   an update is tested against that smaller scale, so the stall interval is
-  centred at :math:`z = \phi_j`:
+  centred at `z = \phi_j`:
 
-  .. math::
-    P_{NR}(j) = F(\phi_j (1 + \hat\rho)) - F(\max(0, \phi_j (1 - \hat\rho))).
+  ```tex
+  P_{NR}(j) = F(\phi_j (1 + \hat\rho)) - F(\max(0, \phi_j (1 - \hat\rho))).
+  ```
 
-  The lower term vanishes for :math:`\hat\rho \ge 1` (and is dropped with
-  ``asymptotic=True``). An empirical floor :math:`P_{init}` (entries that stall
+  The lower term vanishes for `\hat\rho \ge 1` (and is dropped with
+  ``asymptotic=True``). An empirical floor `P_{init}` (entries that stall
   from the first step, e.g. zero gradients or values crushed to zero by a
   block scale) gives the total
 
-  .. math::
-    P_{total}(j) = P_{init} + (1 - P_{init}) P_{NR}(j).
+  ```tex
+  P_{total}(j) = P_{init} + (1 - P_{init}) P_{NR}(j).
+  ```
 
   Args:
-    fmt: The second moment's storage format (see :func:`format_epsilon`).
+    fmt: The second moment's storage format (see
+      [`format_epsilon`][optax_q.format_epsilon]).
     j: Steps since the (re)initialisation, an int ``>= 0`` or an integer
       array. ``j = 0`` gives ``p_init``.
     b2: EMA decay rate of the second moment, in ``(0, 1)``.
-    p_init: Stall floor :math:`P_{init}` in ``[0, 1)``; ``0`` gives the ideal
-      :math:`P_{NR}(j)`.
-    asymptotic: Use the :math:`\hat\rho \ge 1` form
-      :math:`F((1 + \hat\rho)\phi_j)` for every :math:`\hat\rho`.
+    p_init: Stall floor `P_{init}` in ``[0, 1)``; ``0`` gives the ideal
+      `P_{NR}(j)`.
+    asymptotic: Use the `\hat\rho \ge 1` form
+      `F((1 + \hat\rho)\phi_j)` for every `\hat\rho`.
 
   Returns:
-    :math:`P_{total}(j)`: a Python float for scalar ``j``, else a float64
+    `P_{total}(j)`: a Python float for scalar ``j``, else a float64
     array shaped like ``j``. It increases with ``j`` towards
-    :func:`stall_probability` (with the floor applied).
+    [`stall_probability`][optax_q.stall_probability] (with the floor applied).
 
   Examples:
     >>> import optax_q
@@ -476,9 +486,9 @@ def transient_stall_probability(
     [0.049, 0.448, 0.946]
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States in
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-    Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Proposition 4.1,
+    Resets](https://arxiv.org/abs/2603.16731), 2026 (Proposition 4.1,
     Eqs. 17-19)
   """
   rho = effective_precision_ratio(fmt, b2)
@@ -497,32 +507,35 @@ def startup_window(
     p_init: float = 0.0,
     asymptotic: bool = False,
 ) -> int | None:
-  r"""Startup window :math:`j^*`: steps after a reset to reach stalling ``p0``.
+  r"""Startup window `j^*`: steps after a reset to reach stalling ``p0``.
 
-  :math:`j^*(P_0)` is the smallest :math:`j` with
-  :math:`P_{total}(j) \ge P_0` (see :func:`transient_stall_probability`).
-  With the floor removed, :math:`P_0^{eff} = (P_0 - P_{init})/(1 - P_{init})`,
-  and for :math:`\hat\rho \ge 1`
+  `j^*(P_0)` is the smallest `j` with
+  `P_{total}(j) \ge P_0` (see
+  [`transient_stall_probability`][optax_q.transient_stall_probability]). With
+  the floor removed, `P_0^{eff} = (P_0 - P_{init})/(1 - P_{init})`, and for
+  `\hat\rho \ge 1`
 
-  .. math::
-    \phi^* = \frac{F^{-1}(P_0^{eff})}{1 + \hat\rho}, \qquad
-    j^* = \left\lceil \frac{\log(1 - \phi^*)}{\log \beta_2} \right\rceil,
+  ```tex
+  \phi^* = \frac{F^{-1}(P_0^{eff})}{1 + \hat\rho}, \qquad
+  j^* = \left\lceil \frac{\log(1 - \phi^*)}{\log \beta_2} \right\rceil,
+  ```
 
-  with :math:`j^* = 0` when :math:`P_0 \le P_{init}`. For
-  :math:`\hat\rho < 1` (without ``asymptotic``) :math:`\phi^*` solves the
+  with `j^* = 0` when `P_0 \le P_{init}`. For
+  `\hat\rho < 1` (without ``asymptotic``) `\phi^*` solves the
   general form by bisection. The level is unreachable when it is at or above
   the steady state.
 
   Args:
-    fmt: The second moment's storage format (see :func:`format_epsilon`).
+    fmt: The second moment's storage format (see
+      [`format_epsilon`][optax_q.format_epsilon]).
     b2: EMA decay rate of the second moment, in ``(0, 1)``.
-    p0: Stall tolerance :math:`P_0` in ``(0, 1)``.
-    p_init: Stall floor :math:`P_{init}` in ``[0, 1)``.
-    asymptotic: Use the :math:`\hat\rho \ge 1` form for every
-      :math:`\hat\rho`.
+    p0: Stall tolerance `P_0` in ``(0, 1)``.
+    p_init: Stall floor `P_{init}` in ``[0, 1)``.
+    asymptotic: Use the `\hat\rho \ge 1` form for every
+      `\hat\rho`.
 
   Returns:
-    :math:`j^*` as an int, or ``None`` if ``p0`` is never reached.
+    `j^*` as an int, or ``None`` if ``p0`` is never reached.
 
   Examples:
     >>> import optax_q
@@ -532,9 +545,9 @@ def startup_window(
     None
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States in
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-    Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Definition 4.2,
+    Resets](https://arxiv.org/abs/2603.16731), 2026 (Definition 4.2,
     Proposition 4.3)
   """
   rho = effective_precision_ratio(fmt, b2)
@@ -568,15 +581,15 @@ def _ages(age, b2):
 
 
 def error_of_power(pk):
-  r"""The statistical error :math:`2\beta^K / (1 + \beta^K)` from
-  :math:`\beta^K` (NumPy or ``jax.numpy`` arrays alike; Eq. 23)."""
+  r"""The statistical error `2\beta^K / (1 + \beta^K)` from
+  `\beta^K` (NumPy or ``jax.numpy`` arrays alike; Eq. 23)."""
   return 2.0 * pk / (1.0 + pk)
 
 
 def excess_above(s, s0, xp=np):
-  r"""The excess staleness :math:`[(S - s_0) / (1 - s_0)]_+` (Eq. 22).
+  r"""The excess staleness `[(S - s_0) / (1 - s_0)]_+` (Eq. 22).
 
-  One formula for the model (:func:`cycle_staleness`) and for the adaptive
+  One formula for the model (`cycle_staleness`) and for the adaptive
   reset rule, which applies it to the measured stall fraction; ``xp`` is
   ``numpy`` or ``jax.numpy``.
   """
@@ -587,20 +600,21 @@ def effective_sample_size(age: int | np.ndarray, b2: float = 0.999
                           ) -> float | np.ndarray:
   r"""Effective sample size of a bias-corrected EMA of local age ``age``.
 
-  With weights :math:`w_t = (1 - \beta_2)\beta_2^{K - t}/(1 - \beta_2^K)`,
-  :math:`N = 1/\sum_t w_t^2`:
+  With weights `w_t = (1 - \beta_2)\beta_2^{K - t}/(1 - \beta_2^K)`,
+  `N = 1/\sum_t w_t^2`:
 
-  .. math::
-    N_{stat}(K) = \frac{(1 + \beta_2)(1 - \beta_2^K)}
-      {(1 - \beta_2)(1 + \beta_2^K)}
-    \xrightarrow{K \to \infty} \frac{1 + \beta_2}{1 - \beta_2}.
+  ```tex
+  N_{stat}(K) = \frac{(1 + \beta_2)(1 - \beta_2^K)}
+    {(1 - \beta_2)(1 + \beta_2^K)}
+  \xrightarrow{K \to \infty} \frac{1 + \beta_2}{1 - \beta_2}.
+  ```
 
   Args:
     age: Steps since the last reset, an int ``>= 1`` or an integer array.
     b2: EMA decay rate, in ``(0, 1)``.
 
   Returns:
-    :math:`N_{stat}(K)`: a Python float for scalar ``age``, else an array.
+    `N_{stat}(K)`: a Python float for scalar ``age``, else an array.
 
   Examples:
     >>> import optax_q
@@ -608,9 +622,9 @@ def effective_sample_size(age: int | np.ndarray, b2: float = 0.999
     1.0
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States in
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-    Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Eq. 23)
+    Resets](https://arxiv.org/abs/2603.16731), 2026 (Eq. 23)
   """
   b2, k, pk = _ages(age, b2)
   n = (1.0 + b2) * _phi(k, b2) / ((1.0 - b2) * (1.0 + pk))
@@ -623,8 +637,9 @@ def statistical_error(age: int | np.ndarray, b2: float = 0.999
 
   The loss of effective sample size against an EMA that was never reset:
 
-  .. math::
-    E(K) = 1 - \frac{N_{stat}(K)}{N_\infty} = \frac{2\beta_2^K}{1 + \beta_2^K}.
+  ```tex
+  E(K) = 1 - \frac{N_{stat}(K)}{N_\infty} = \frac{2\beta_2^K}{1 + \beta_2^K}.
+  ```
 
   It decreases from ``1`` at ``K = 0`` towards ``0``; a reset restarts it.
 
@@ -633,7 +648,7 @@ def statistical_error(age: int | np.ndarray, b2: float = 0.999
     b2: EMA decay rate, in ``(0, 1)``.
 
   Returns:
-    :math:`E(K)`: a Python float for scalar ``age``, else an array.
+    `E(K)`: a Python float for scalar ``age``, else an array.
 
   Examples:
     >>> import optax_q
@@ -641,9 +656,9 @@ def statistical_error(age: int | np.ndarray, b2: float = 0.999
     0.538
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States in
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-    Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Eq. 23)
+    Resets](https://arxiv.org/abs/2603.16731), 2026 (Eq. 23)
   """
   _, _, pk = _ages(age, b2)
   e = error_of_power(pk)
@@ -667,29 +682,31 @@ def cycle_staleness(
     *,
     asymptotic: bool = False,
 ) -> float:
-  r"""Cycle-averaged excess staleness :math:`\bar S_{s_0}(K)` of a reset cycle.
+  r"""Cycle-averaged excess staleness `\bar S_{s_0}(K)` of a reset cycle.
 
   The normalised, reset-sensitive progress of stalling is
-  :math:`S(j) = P_{NR}(j)/P_{ss}` (a floor :math:`P_{init}` cancels), and its
-  excess above the tolerance :math:`s_0`, averaged over a cycle of ``K``
+  `S(j) = P_{NR}(j)/P_{ss}` (a floor `P_{init}` cancels), and its
+  excess above the tolerance `s_0`, averaged over a cycle of ``K``
   steps, is
 
-  .. math::
-    \bar S_{s_0}(K) = \frac{1}{K}\sum_{j=1}^{K}
-      \left[\frac{S(j) - s_0}{1 - s_0}\right]_+.
+  ```tex
+  \bar S_{s_0}(K) = \frac{1}{K}\sum_{j=1}^{K}
+    \left[\frac{S(j) - s_0}{1 - s_0}\right]_+.
+  ```
 
   Args:
-    fmt: The second moment's storage format (see :func:`format_epsilon`).
-    period: Reset period :math:`K`, an int in ``[1, 10**8]``. The sum is
-      taken in chunks (constant memory); once :math:`\beta_2^j` is below
+    fmt: The second moment's storage format (see
+      [`format_epsilon`][optax_q.format_epsilon]).
+    period: Reset period `K`, an int in ``[1, 10**8]``. The sum is
+      taken in chunks (constant memory); once `\beta_2^j` is below
       ``2**-60`` its terms are constant and summed at once.
     b2: EMA decay rate of the second moment, in ``(0, 1)``.
-    s0: Staleness tolerance :math:`s_0` in ``(0, 1)``.
-    asymptotic: Use the :math:`\hat\rho \ge 1` form for every
-      :math:`\hat\rho`.
+    s0: Staleness tolerance `s_0` in ``(0, 1)``.
+    asymptotic: Use the `\hat\rho \ge 1` form for every
+      `\hat\rho`.
 
   Returns:
-    :math:`\bar S_{s_0}(K)` in ``[0, 1]``, a Python float.
+    `\bar S_{s_0}(K)` in ``[0, 1]``, a Python float.
 
   Raises:
     ValueError: naming the argument, for a ``period`` that is not an
@@ -701,9 +718,9 @@ def cycle_staleness(
     0.494
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States in
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-    Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Eq. 22)
+    Resets](https://arxiv.org/abs/2603.16731), 2026 (Eq. 22)
   """
   rho = effective_precision_ratio(fmt, b2)
   b2 = float(b2)
@@ -730,41 +747,44 @@ def reset_period(
     asymptotic: bool = False,
     max_period: int = _MAX_PERIOD,
 ) -> int:
-  r"""Theory-guided reset period :math:`K^*` of a quantized second moment.
+  r"""Theory-guided reset period `K^*` of a quantized second moment.
 
   Resetting too often costs statistical efficiency (the bias-corrected EMA
-  averages fewer gradients, :func:`statistical_error`); resetting too rarely
-  lets staleness build up (:func:`cycle_staleness`). :math:`K^*` is where the
-  rising excess staleness first catches up with the falling error:
+  averages fewer gradients, [`statistical_error`][optax_q.statistical_error]);
+  resetting too rarely lets staleness build up
+  ([`cycle_staleness`][optax_q.cycle_staleness]). `K^*` is where the rising
+  excess staleness first catches up with the falling error:
 
-  .. math::
-    K^* = \min\left\{K \ge 1 : \bar S_{s_0}(K) \ge
-      \frac{2\beta_2^K}{1 + \beta_2^K}\right\}.
+  ```tex
+  K^* = \min\left\{K \ge 1 : \bar S_{s_0}(K) \ge
+    \frac{2\beta_2^K}{1 + \beta_2^K}\right\}.
+  ```
 
   The left side is nondecreasing and the right side decreasing, so the
   crossing is unique; it is found by a linear scan. The rule is derived for
   nearest rounding and is used as a proxy under stochastic rounding.
 
-  :math:`S(j)` is normalised by the steady state, so a finite :math:`K^*` is
+  `S(j)` is normalised by the steady state, so a finite `K^*` is
   returned even where the absolute stall rate is low (e.g. bf16 at
-  ``b2 <= 0.99``, where :func:`stall_probability` is below 0.15) and resets
-  are not indicated; check :func:`stall_probability` before enabling resets.
+  ``b2 <= 0.99``, where [`stall_probability`][optax_q.stall_probability] is
+  below 0.15) and resets are not indicated; check
+  [`stall_probability`][optax_q.stall_probability] before enabling resets.
 
   Args:
-    fmt: The second moment's storage format (see :func:`format_epsilon`).
-      ``'fp4'`` (= ``'fp4_e2m1'``) means the paper's FP4 (unsigned E2M2 second moment,
-      ``eps = 2**-2``).
+    fmt: The second moment's storage format (see
+      [`format_epsilon`][optax_q.format_epsilon]). ``'fp4'`` (= ``'fp4_e2m1'``)
+      means the paper's FP4 (unsigned E2M2 second moment, ``eps = 2**-2``).
     b2: EMA decay rate of the second moment, in ``(0, 1)``.
-    s0: Staleness tolerance :math:`s_0` in ``(0, 1)``; the paper uses 0.6.
-    asymptotic: Use the paper's :math:`\hat\rho \ge 1` form
-      :math:`P(j) \approx F((1 + \hat\rho)(1 - \beta_2^j))` for every
-      :math:`\hat\rho` (it differs from the default only where
-      :math:`\hat\rho < 1`).
+    s0: Staleness tolerance `s_0` in ``(0, 1)``; the paper uses 0.6.
+    asymptotic: Use the paper's `\hat\rho \ge 1` form
+      `P(j) \approx F((1 + \hat\rho)(1 - \beta_2^j))` for every
+      `\hat\rho` (it differs from the default only where
+      `\hat\rho < 1`).
     max_period: Give up (``ValueError``) beyond this many steps, an int in
       ``[1, 10**8]``.
 
   Returns:
-    :math:`K^*`, a Python int.
+    `K^*`, a Python int.
 
   Examples:
     >>> import optax_q
@@ -772,9 +792,9 @@ def reset_period(
     [1116, 320, 224]
 
   References:
-    Topollai & Choromanska, `Understanding Quantization of Optimizer States in
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States in
     LLM Pre-training: Dynamics of State Staleness and Effectiveness of State
-    Resets <https://arxiv.org/abs/2603.16731>`_, 2026 (Proposition 5.2)
+    Resets](https://arxiv.org/abs/2603.16731), 2026 (Proposition 5.2)
   """
   rho = effective_precision_ratio(fmt, b2)
   b2 = float(b2)

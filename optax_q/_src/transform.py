@@ -13,7 +13,7 @@
 # limitations under the License.
 """``quantize_state``: any Optax transform with low-precision state.
 
-The wrapper keeps the inner transform's state as :class:`QArray` leaves.
+The wrapper keeps the inner transform's state as `QArray` leaves.
 Every ``update`` decodes the state, runs the inner update in float32,
 returns the updates computed from the float32 moments, and encodes the new
 state for storage (error enters only at write-back). Which leaves are
@@ -47,13 +47,23 @@ FormatSpec = Union[
     str, Format, Mapping[str, Union[str, Format, None]],
     Callable[[str, jax.Array], Union[str, Format, None]], None]
 
-# State fields that hold non-negative statistics (second moments) unless the
-# caller declares others: signed codebooks are swapped for their unsigned
-# variant there, and an unsigned format is only accepted there.
 NONNEGATIVE_FIELDS = frozenset({
     'nu', 'nu_max', 'v', 'sum_of_squares', 'grad_sum_of_squares', 'nu_hat',
     'exp_avg_sq', 'acc', 'e_g', 'e_x', 'v_row', 'v_col',
 })
+"""The names of the state fields that hold non-negative statistics (second
+moments), a frozenset of strings.
+
+It is the default of the ``nonnegative_fields`` argument of
+[`quantize_state`][optax_q.quantize_state] (and of the optimizers built on
+it). On these fields a format is replaced by its
+[`unsigned_variant`][optax_q.unsigned_variant] (``int8_dynamic`` becomes
+the unsigned dynamic map, ``int4`` and ``fp4_e2m1`` grids without zero),
+and only there is an unsigned format such as ``'fp4_e2m2u'`` accepted. For
+an optimizer whose non-negative statistics have other names, pass those
+names as ``nonnegative_fields`` (the fields of its state, which replace
+this default).
+"""
 
 DEFAULT_SEED = 0
 DEFAULT_MIN_SIZE = 4096
@@ -68,12 +78,12 @@ check_known_fields = validation.check_known
 
 
 class QuantizedState(NamedTuple):
-  """State of :func:`quantize_state`.
+  """State of [`quantize_state`][optax_q.quantize_state].
 
   Attributes:
     count: Steps taken (int32); mixed into the stochastic-rounding bits.
     inner_state: The inner transform's state, with quantized leaves held as
-      :class:`QArray`.
+      [`QArray`][optax_q.QArray].
     stalled: Same structure as ``inner_state`` with a float32 scalar per
       quantized leaf (the fraction of elements whose stored code did not
       change in the last step; read with ``optax_q.stall_fraction``) and
@@ -138,7 +148,7 @@ def _check_rounding(rounding: Any) -> str | dict[str, str]:
 
 def check_storage_args(*, rounding: Any, block_size: Any, seed: Any,
                        min_size: Any) -> tuple[Any, int, Any, int]:
-  """Checks the storage arguments of :func:`quantize_state`.
+  """Checks the storage arguments of `quantize_state`.
 
   Returns ``(rounding, block_size, seed, min_size)``; None stands for the
   default, the numbers become Python ints (a seed may be a scalar integer
@@ -166,13 +176,15 @@ def leaf_rounding(rounding: str | Mapping[str, str],
 
 @dataclasses.dataclass(frozen=True)
 class StorageConfig:
-  """How :func:`quantize_state` stores a state; checked when made.
+  """How [`quantize_state`][optax_q.quantize_state] stores a state; checked when
+  made.
 
   Every argument is checked and canonicalised on construction (a
-  ``ValueError`` names the bad one); see :func:`quantize_state` for their
-  meaning. ``None`` stands for the default of ``seed`` (0), ``min_size``
-  (4096) and ``block_size`` (128), so that ``optax.inject_hyperparams``,
-  which injects every int it is given, leaves the defaults static.
+  ``ValueError`` names the bad one); see
+  [`quantize_state`][optax_q.quantize_state] for their meaning. ``None`` stands
+  for the default of ``seed`` (0), ``min_size`` (4096) and ``block_size`` (128),
+  so that ``optax.inject_hyperparams``, which injects every int it is given,
+  leaves the defaults static.
 
   Attributes:
     formats: One format, ``{field: format}``, or ``(path, leaf) -> format``.
@@ -184,7 +196,7 @@ class StorageConfig:
       ``'none'`` or None (by format).
     track_stalls: Whether the state keeps per-leaf stalled fractions.
     elementwise: Whether the inner transform is elementwise (see
-      :func:`quantize_state`).
+      [`quantize_state`][optax_q.quantize_state]).
     tile_size: Most elements per tile, or None.
     nonnegative_fields: Fields holding non-negative statistics.
 
@@ -292,7 +304,7 @@ class StorageConfig:
 
 
 def plan_leaf(config: StorageConfig, path, leaf, root) -> Any:
-  """One leaf of the inner state as it is stored: a :class:`QArray` or as is.
+  """One leaf of the inner state as it is stored: a `QArray` or as is.
 
   Float leaves of at least ``min_size`` elements whose format is not
   ``fp32`` are encoded, unless the codes and scales would take as many
@@ -464,8 +476,8 @@ def quantize_state(
   Args:
     inner: Any Optax gradient transformation.
     formats: One format for every quantizable leaf (a name or
-      :class:`Format`), a dict ``{field: format}`` keyed by the state field
-      (``'mu'``, ``'nu'``, ``'trace'``, ...; unlisted fields stay as they
+      [`Format`][optax_q.Format]), a dict ``{field: format}`` keyed by the state
+      field (``'mu'``, ``'nu'``, ``'trace'``, ...; unlisted fields stay as they
       are), or a callable ``(path, leaf) -> format or None`` where ``path``
       is the leaf's ``'a/b/c'`` name in the inner state.
     rounding: ``'nearest'`` (round half to even) or ``'stochastic'``
@@ -512,12 +524,13 @@ def quantize_state(
     scale: Deprecated name of ``scale_mode``.
 
   Returns:
-    A gradient transformation whose state is a :class:`QuantizedState`.
+    A gradient transformation whose state is a
+      [`QuantizedState`][optax_q.QuantizedState].
 
   Raises:
     ValueError: at construction, naming the bad argument and the allowed
-      values (see :class:`StorageConfig`), or naming a field of ``formats``
-      or ``rounding`` that ``inner``'s state does not have.
+      values (see [`StorageConfig`][optax_q.StorageConfig]), or naming a field
+      of ``formats`` or ``rounding`` that ``inner``'s state does not have.
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
@@ -529,11 +542,11 @@ def quantize_state(
     True
 
   References:
-    Dettmers et al, `8-bit Optimizers via Block-wise Quantization
-    <https://arxiv.org/abs/2110.02861>`_, 2022
+    Dettmers et al, [8-bit Optimizers via Block-wise
+    Quantization](https://arxiv.org/abs/2110.02861), 2022
 
-    Li et al, `Memory Efficient Optimizers with 4-bit States
-    <https://arxiv.org/abs/2309.01507>`_, 2023
+    Li et al, [Memory Efficient Optimizers with 4-bit
+    States](https://arxiv.org/abs/2309.01507), 2023
   """
   validation.check_transform(inner)
   name, scale_mode = validation.renamed('scale', scale, 'scale_mode',
@@ -568,7 +581,7 @@ def _stall_tree(new, old):
 
 
 def quantized_leaves(state: Any) -> dict[str, QArray]:
-  """All :class:`QArray` leaves of any state, by ``'a/b/c'`` path.
+  """All [`QArray`][optax_q.QArray] leaves of any state, by ``'a/b/c'`` path.
 
   Args:
     state: Any optimizer state (or pytree).

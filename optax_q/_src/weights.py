@@ -13,11 +13,11 @@
 # limitations under the License.
 """Quantized parameters: weights that live in a low-precision format.
 
-:func:`quantize_params` turns chosen parameter leaves into :class:`QArray`
+`quantize_params` turns chosen parameter leaves into `QArray`
 s (the core codec: the same formats, scales and rounding as the optimizer
-state), :func:`dequantize_params` decodes them for a forward pass,
-:func:`apply_updates` writes an optimizer's result into them, and
-:func:`fake_quantize_params` gives a forward pass quantized weights while
+state), `dequantize_params` decodes them for a forward pass,
+`apply_updates` writes an optimizer's result into them, and
+`fake_quantize_params` gives a forward pass quantized weights while
 float32 master weights take the gradient (straight through).
 """
 
@@ -59,14 +59,14 @@ def _bits_of(x: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class NewWeights:
-  """The update :func:`optax_q.eco` gives a quantized parameter: its new
-  value, to be written by :func:`apply_updates`.
+  """The update `optax_q.eco` gives a quantized parameter: its new
+  value, to be written by `apply_updates`.
 
   The codes and scales are held as their bit patterns (unsigned integers):
   ``optax.apply_updates`` (and Flax's optimizers, which call it) then fail
   on the structure instead of adding codes to codes, and a transform placed
   after ``eco`` that rescales the updates turns them into floats, which
-  :func:`apply_updates` refuses.
+  `apply_updates` refuses.
   """
 
   codes: jax.Array
@@ -120,7 +120,8 @@ def key_name(key: Any) -> str:
 
 
 def is_linear_kernel(path: Any, leaf: Any) -> bool:
-  """The default filter of :func:`quantize_params`: linear-layer kernels.
+  """The default filter of [`quantize_params`][optax_q.quantize_params]:
+  linear-layer kernels.
 
   A leaf qualifies when it is a float array of rank >= 2 named ``kernel``
   and no enclosing module name contains ``embed`` or is an output layer
@@ -253,13 +254,13 @@ def quantize_params(
     seed: int = 0,
     scale: Any = validation.UNSET,
 ) -> Any:
-  """Stores chosen parameter leaves as :class:`QArray` s.
+  """Stores chosen parameter leaves as [`QArray`][optax_q.QArray]s.
 
   The chosen leaves then live in ``fmt``: their float copy is gone (the
   caller drops the float tree), a forward pass decodes them
-  (:func:`dequantize_params`, inside the compiled step), and
-  :func:`optax_q.eco` with :func:`apply_updates` trains them without master
-  weights. Other leaves are returned as they are.
+  ([`dequantize_params`][optax_q.dequantize_params], inside the compiled step),
+  and [`optax_q.eco`][optax_q.eco] with [`apply_updates`][optax_q.apply_updates]
+  trains them without master weights. Other leaves are returned as they are.
 
   Args:
     params: A parameter pytree (plain arrays, e.g. Flax Linen params).
@@ -271,18 +272,18 @@ def quantize_params(
       a narrow range, ``'none'`` for ``bf16`` and ``fp16``.
     block_size: Elements per scale along the last axis for block scales.
     filter: Which leaves to quantize: None or ``'linear'`` (the kernels of
-      linear layers, :func:`is_linear_kernel`), ``'matrices'`` (every
-      float leaf of rank >= 2: embeddings and the output head too),
-      ``'all'`` (every float leaf of rank >= 1) or a callable ``(path,
-      leaf) -> bool``.
+      linear layers, [`is_linear_kernel`][optax_q.is_linear_kernel]),
+      ``'matrices'`` (every float leaf of rank >= 2: embeddings and the output
+      head too), ``'all'`` (every float leaf of rank >= 1) or a callable
+      ``(path, leaf) -> bool``.
     rounding: ``'nearest'`` or ``'stochastic'``.
     seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``.
     scale: Another name of ``scale_mode`` (deprecated, as in
-      :func:`quantize`).
+      [`quantize`][optax_q.quantize]).
 
   Returns:
-    ``params`` with the chosen leaves replaced by :class:`QArray` s of the
-    leaves' shapes and dtypes.
+    ``params`` with the chosen leaves replaced by [`QArray`][optax_q.QArray]s
+    of the leaves' shapes and dtypes.
 
   Raises:
     ValueError: naming the argument, for an unknown format, scale mode or
@@ -299,8 +300,8 @@ def quantize_params(
     False
 
   References:
-    Nikdan et al, `ECO: Quantized Training without Full-Precision Master
-    Weights <https://arxiv.org/abs/2601.22101>`_, 2026
+    Nikdan et al, [ECO: Quantized Training without Full-Precision Master
+    Weights](https://arxiv.org/abs/2601.22101), 2026
   """
   name, scale_mode = validation.renamed('scale', scale, 'scale_mode',
                                         scale_mode)
@@ -320,13 +321,14 @@ def quantize_params(
 
 
 def dequantize_params(params: Any, dtype: Any = None) -> Any:
-  """Decodes the :class:`QArray` leaves of ``params`` (others as they are).
+  """Decodes the [`QArray`][optax_q.QArray] leaves of ``params`` (others as they
+  are).
 
   Call it inside the compiled step, on the way into the forward pass: the
   decoded weights are temporaries of that step, never stored.
 
   Args:
-    params: A parameter pytree, some leaves :class:`QArray` s.
+    params: A parameter pytree, some leaves [`QArray`][optax_q.QArray]s.
     dtype: The float dtype to decode to; None for each leaf's own dtype.
 
   Returns:
@@ -344,7 +346,7 @@ def dequantize_params(params: Any, dtype: Any = None) -> Any:
 
 
 def quantized_paths(params: Any) -> list[str]:
-  """The ``'a/b/c'`` paths of the :class:`QArray` leaves of ``params``."""
+  """The ``'a/b/c'`` paths of the `QArray` leaves of ``params``."""
   flat = jax.tree_util.tree_flatten_with_path(
       params, is_leaf=qarray_lib.is_qarray)[0]
   return [state_tree.path_str(p) for p, x in flat if qarray_lib.is_qarray(x)]
@@ -358,15 +360,16 @@ def _same_layout(a: QArray, b: QArray) -> bool:
 def apply_updates(params: Any, updates: Any) -> Any:
   """Applies updates to parameters that may be quantized.
 
-  A quantized parameter (a :class:`QArray`) is replaced by its update: the
-  new weights that :func:`optax_q.eco` computed and quantized, in the same
-  layout. Plain parameters take
+  A quantized parameter (a [`QArray`][optax_q.QArray]) is replaced by its
+  update: the new weights that [`optax_q.eco`][optax_q.eco] computed and
+  quantized, in the same layout. Plain parameters take
   ``optax.apply_updates``'s ``p + u`` in the parameter's dtype; a tree
-  without :class:`QArray` s is passed to ``optax.apply_updates`` whole.
+  without [`QArray`][optax_q.QArray]s is passed to ``optax.apply_updates``
+  whole.
 
   Args:
     params: The parameters.
-    updates: Updates of the same structure (from :func:`optax_q.eco`).
+    updates: Updates of the same structure (from [`optax_q.eco`][optax_q.eco]).
 
   Returns:
     The new parameters.
@@ -374,7 +377,7 @@ def apply_updates(params: Any, updates: Any) -> Any:
   Raises:
     ValueError: if ``updates`` does not have the structure of ``params``,
       or gives a quantized parameter a plain array (or a plain one a
-      :class:`QArray`, or another layout).
+      [`QArray`][optax_q.QArray], or another layout).
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
@@ -456,9 +459,9 @@ def fake_quantize_params(
   """The weights a forward pass sees with float32 master weights.
 
   Each chosen leaf is quantized to ``fmt`` and decoded (the same codec as
-  :func:`quantize_params`); the gradient passes straight through to the
-  float32 leaf, so the optimizer updates the master weights with the
-  gradient taken at the quantized ones (the "with master weights" baselines
+  [`quantize_params`][optax_q.quantize_params]); the gradient passes straight
+  through to the float32 leaf, so the optimizer updates the master weights with
+  the gradient taken at the quantized ones (the "with master weights" baselines
   of the ECO paper, and quantization-aware training of the weights). The
   rounding is computed in the codec's explicit arithmetic, so ``jit``
   cannot elide it.
@@ -466,10 +469,10 @@ def fake_quantize_params(
   Args:
     params: Float parameters (the master weights).
     fmt: Any core format.
-    scale_mode: As for :func:`quantize_params` (None: ``'row'`` for
-      scaled formats).
+    scale_mode: As for [`quantize_params`][optax_q.quantize_params] (None:
+      ``'row'`` for scaled formats).
     block_size: Elements per scale for block scales.
-    filter: As for :func:`quantize_params`.
+    filter: As for [`quantize_params`][optax_q.quantize_params].
     rounding: ``'nearest'`` or ``'stochastic'``.
     seed: Seed of the stochastic rounding (an int, or a traced integer
       scalar).
@@ -489,8 +492,8 @@ def fake_quantize_params(
     Array([[1., 1.]], dtype=float32)
 
   References:
-    Nikdan et al, `ECO: Quantized Training without Full-Precision Master
-    Weights <https://arxiv.org/abs/2601.22101>`_, 2026
+    Nikdan et al, [ECO: Quantized Training without Full-Precision Master
+    Weights](https://arxiv.org/abs/2601.22101), 2026
   """
   fmt, scale_mode, block_size = _weight_layout(
       fmt, scale_mode, block_size, rounding)
