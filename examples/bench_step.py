@@ -27,11 +27,13 @@ PyTorch, torchao and bitsandbytes rows are optional: each is skipped with a
 note when its package does not import or its optimizer fails on this
 machine.
 
-Writes ``bench_step.json`` and ``bench_step.md`` (``bench_step_quick.*``
+Writes ``bench_step.json``, ``bench_step.md`` and ``bench_step.png`` (each
+row's step time against ``optax.adamw`` in float32; ``bench_step_quick.*``
 with ``--quick``, so that a smoke test never overwrites a full run) to
 ``--out``, by default ``runs/bench_step/`` in the repository (git-ignored).
 The published results are written only when asked for, with
-``--out docs/results``.
+``--out docs/results``; ``--render`` re-writes the table and the plot from
+the saved JSON without measuring.
 
 Usage::
 
@@ -39,6 +41,8 @@ Usage::
   python examples/bench_step.py --d 1024 --layers 24 # GPU size
   python examples/bench_step.py --quick              # smoke test
   python examples/bench_step.py --out docs/results   # the published table
+  python examples/bench_step.py --render --name bench_step_lowbit \
+      --out docs/results                             # re-render from JSON
 """
 
 from __future__ import annotations
@@ -376,6 +380,79 @@ def render_table(result: dict[str, Any]) -> str:
   return out
 
 
+_BITS_COLORS = {32: '0.45', 24: '0.7', 16: 'C0', 8: 'C2', 4: 'C1', 3: 'C3'}
+
+
+def plot(result: dict[str, Any], path: str) -> str:
+  """Horizontal bars: each row's median step time over the baseline's
+  (log scale), coloured by bits per moment element, state MiB annotated."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  rows = result['rows']
+  bits = [round(r['state_bits_per_element']) for r in rows]
+  color = lambda b: _BITS_COLORS.get(b, 'C4')
+  ratios = [r['ratio_to_optax_adamw'] for r in rows]
+  fig, ax = plt.subplots(figsize=(9, 0.3 * len(rows) + 1.6))
+  y = list(range(len(rows)))
+  # Bars grow from 1x: left for faster than the baseline, right for slower.
+  ax.barh(y, [r - 1 for r in ratios], left=1, color=[color(b) for b in bits])
+  ax.set_yticks(y)
+  ax.set_yticklabels([r['config'] for r in rows], fontsize=7)
+  ax.invert_yaxis()
+  ax.set_xscale('log')
+  ax.axvline(1.0, color='k', lw=0.8)
+  ax.set_xlim(min(0.5, min(ratios) / 1.5), max(ratios) * 4)
+  ticks = [t for t in (0.5, 1, 2, 5, 10, 20, 50, 100, 200)
+           if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+  ax.set_xticks(ticks)
+  ax.set_xticklabels([f'{t:g}x' for t in ticks])
+  ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+  for i, r in enumerate(rows):
+    ax.text(max(ratios[i], 1.0) * 1.06, i,
+            f"{r['ratio_to_optax_adamw']:.2f}x, "
+            f"{r['state_bytes'] / 2**20:.1f} MiB", va='center', fontsize=6)
+  ax.set_xlabel(f'median step time / {BASELINE} (log scale); '
+                'labels: ratio, optimizer state MiB')
+  for b in sorted(set(bits), reverse=True):
+    ax.barh([0], [0], left=1, color=color(b), label=f'~{b}')
+  ax.legend(fontsize=7, loc='upper right', title='state bits/element',
+            title_fontsize=7)
+  ax.set_title(
+      f"Optimizer step time, {result['mode']} mode: d={result['d']}, "
+      f"{result['layers']} layers, {result['params'] / 1e6:.1f}M params; "
+      f"{result['steps_per_optimizer']} steps in {result['rounds']} rounds"
+      f"\n{result['machine']}", fontsize=8)
+  ax.grid(axis='x', alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def render_markdown(result: dict[str, Any], stem: str) -> str:
+  """The results page: provenance, the plot, the table."""
+  return (
+      f"Command: `{result['command']}`  \n"
+      f"Revision {result['git_revision']}, {result['date']}, "
+      f"{result['mode']} mode, d={result['d']}, {result['layers']} layers, "
+      f"{result['params'] / 1e6:.1f}M params.  \n"
+      f"Machine: {result['machine']}.  \n"
+      f'Copy bandwidth (read + write) measured in the same run: '
+      f"{result['copy_gbps']:.1f} GB/s.\n\n"
+      f'![step time against {BASELINE}, state MiB]({stem}.png)\n\n'
+      + render_table(result))
+
+
+def write_outputs(result: dict[str, Any], out: str, stem: str) -> str:
+  """``<stem>.md`` and ``<stem>.png`` in ``out`` from ``result``."""
+  md = render_markdown(result, stem)
+  with open(os.path.join(out, stem + '.md'), 'w') as f:
+    f.write(md)
+  plot(result, os.path.join(out, stem + '.png'))
+  return md
+
+
 def make_parser() -> argparse.ArgumentParser:
   """The flags of :func:`main`."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -395,18 +472,30 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument('--only', default='',
                       help='comma-separated substrings; keep matching rows (default: all)')
   parser.add_argument(
+      '--render', action='store_true',
+      help='no measurement: re-write <name>.md and <name>.png from the '
+      '<name>.json in --out')
+  parser.add_argument(
       '--name', default='',
       help='stem of the result files (default: bench_step, or '
       'bench_step_quick with --quick)')
   parser.add_argument(
       '--out', default=os.path.join(_ROOT, 'runs', 'bench_step'),
-      help='directory for bench_step.json and .md (default: runs/bench_step; '
+      help='directory for bench_step.json, .md and .png (default: runs/bench_step; '
       'docs/results for the published ones)')
   return parser
 
 
 def main(argv=None) -> dict[str, Any]:
   args = make_parser().parse_args(argv)
+  # A smoke test never overwrites the documented full-mode results.
+  stem = args.name or ('bench_step_quick' if args.quick else 'bench_step')
+  if args.render:
+    with open(os.path.join(args.out, stem + '.json')) as f:
+      result = json.load(f)
+    write_outputs(result, args.out, stem)
+    print(f'wrote {args.out}/{stem}.{{md,png}}')
+    return result
   if args.quick:
     args.d, args.layers, args.rounds = 64, 2, 2
   mode = 'quick' if args.quick else 'full'
@@ -494,20 +583,10 @@ def main(argv=None) -> dict[str, Any]:
       notes=notes,
   )
   os.makedirs(args.out, exist_ok=True)
-  # A smoke test never overwrites the documented full-mode results.
-  stem = args.name or ('bench_step_quick' if args.quick else 'bench_step')
   with open(os.path.join(args.out, stem + '.json'), 'w') as f:
     json.dump(result, f, indent=2)
     f.write('\n')
-  header = (
-      f"Command: `{result['command']}`  \n"
-      f"Revision {result['git_revision']}, {result['date']}, {mode} mode, "
-      f"d={args.d}, {args.layers} layers, {n / 1e6:.1f}M params.  \n"
-      f"Machine: {result['machine']}.  \n"
-      f'Copy bandwidth (read + write) measured in the same run: '
-      f'{copy_gbps:.1f} GB/s.\n\n')
-  with open(os.path.join(args.out, stem + '.md'), 'w') as f:
-    f.write(header + render_table(result))
+  write_outputs(result, args.out, stem)
   return result
 
 

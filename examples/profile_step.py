@@ -31,26 +31,34 @@ that machine noise hits every row alike. A single leaf's state partly fits
 in a large last-level cache, so its ratios flatter those of a whole model;
 quote ``bench_step.py`` for those.
 
-Prints the tables and writes them to ``profile_step.md`` in ``--out``
-(``profile_step_quick.md`` with ``--quick``, so that a smoke test never
-overwrites a full run), by default ``runs/profile_step/`` in the repository
-(git-ignored). The published tables are written only when asked for, with
-``--out docs/results``.
+Prints the tables and writes them to ``profile_step.json``, ``.md`` and
+``.png`` (a bar chart per table) in ``--out`` (``profile_step_quick.*`` with
+``--quick``, so that a smoke test never overwrites a full run), by default
+``runs/profile_step/`` in the repository (git-ignored). The published
+tables are written only when asked for, with ``--out docs/results``.
+``--render`` re-writes the page and the plot from the saved JSON without
+measuring (or, where only a ``profile_step.md`` of a version that wrote no
+JSON is there, from that page's tables, saving them as the JSON).
 
 Usage::
 
   python examples/profile_step.py                     # 2048 x 2048
   python examples/profile_step.py --quick             # 256 x 512, a smoke test
   python examples/profile_step.py --out docs/results  # the published tables
+  python examples/profile_step.py --render --out docs/results  # from JSON
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shlex
 import statistics
 import sys
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,6 +66,7 @@ import optax
 
 import optax_q
 
+import _common  # pylint: disable=g-bad-import-order
 import bench_step  # pylint: disable=g-bad-import-order
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,14 +79,20 @@ FORMATS = {  # label -> (mu_format, nu_format)
 }
 
 
-def _table(header, rows) -> str:
+def _table(header, rows) -> dict[str, Any]:
+  """One table: its header and its rows of cells, as printed."""
+  return dict(header=list(header), rows=[[str(c) for c in r] for r in rows])
+
+
+def _markdown_table(table) -> str:
+  header = table['header']
   lines = ['| ' + ' | '.join(header) + ' |',
            '|' + '---|' + '---:|' * (len(header) - 1)]
-  lines += ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows]
+  lines += ['| ' + ' | '.join(r) + ' |' for r in table['rows']]
   return '\n'.join(lines)
 
 
-def split_table(params, grads, labels, rounds) -> str:
+def split_table(params, grads, labels, rounds) -> dict[str, Any]:
   """Step returning params only, state only, or both (not donated)."""
   def prepared(tx, part):
     state = tx.init(params)
@@ -117,7 +132,7 @@ def _round_robin_ms(fns, rounds) -> list[float]:
   return [1e3 * statistics.median(r.times) for r in rows]
 
 
-def codec_table(x, labels, rounds) -> str:
+def codec_table(x, labels, rounds) -> dict[str, Any]:
   """``quantize`` (both roundings) and ``dequantize`` of ``x``, per format."""
   fmts, fns = [], []
   for label in labels:
@@ -158,7 +173,7 @@ def _quantized_adam(mu, nu, **kw):
       optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(1e-3))
 
 
-def tiles_table(params_np, grads, labels, rounds) -> str:
+def tiles_table(params_np, grads, labels, rounds) -> dict[str, Any]:
   configs = [('optax.adamw fp32', optax.adamw(1e-3, weight_decay=1e-4))]
   for label in labels:
     if label == 'bf16':
@@ -173,7 +188,8 @@ def tiles_table(params_np, grads, labels, rounds) -> str:
                 round_robin(params_np, grads, configs, rounds))
 
 
-def telemetry_table(params_np, grads, labels, rounds) -> str:
+def telemetry_table(params_np, grads, labels, rounds
+                    ) -> dict[str, Any]:
   configs = [('optax.adamw fp32', optax.adamw(1e-3, weight_decay=1e-4))]
   for label in labels:
     mu, nu = FORMATS[label]
@@ -183,6 +199,129 @@ def telemetry_table(params_np, grads, labels, rounds) -> str:
                                     track_stalls=on)))
   return _table(('step', 'median ms', 'ratio', 'compiled temp MiB'),
                 round_robin(params_np, grads, configs, rounds))
+
+
+def _number(cell: str) -> float | None:
+  try:
+    return float(cell.rstrip('x'))
+  except ValueError:
+    return None
+
+
+def _plot_section(ax, title, table):
+  """Horizontal bars of a table's ``... ms`` columns, one group per row;
+  the other numeric columns (ratio, temporaries) written at the bars."""
+  header, rows = table['header'], table['rows']
+  ms_cols = [i for i, h in enumerate(header) if h.endswith(' ms')]
+  label_cols = [i for i, h in enumerate(header)
+                if i not in ms_cols and (i == 0 or h == 'rounding')]
+  note_cols = [i for i in range(len(header))
+               if i not in ms_cols and i not in label_cols]
+  width = 0.8 / len(ms_cols)
+  # One column: a colour per group of rows (the label before its comma).
+  groups = list(dict.fromkeys(row[0].split(',')[0] for row in rows))
+  for k, col in enumerate(ms_cols):
+    ys, xs, colors = [], [], []
+    for j, row in enumerate(rows):
+      value = _number(row[col])
+      if value is not None:
+        ys.append(j - 0.4 + width * (k + 0.5))
+        xs.append(value)
+        colors.append(f'C{k}' if len(ms_cols) > 1 else
+                      f"C{groups.index(row[0].split(',')[0]) % 10}")
+    ax.barh(ys, xs, height=width, color=colors,
+            label=header[col][:-3] if len(ms_cols) > 1 else None)
+  top = max(_number(r[c]) or 0.0 for r in rows for c in ms_cols)
+  if note_cols:
+    for j, row in enumerate(rows):
+      value = max(_number(row[c]) or 0.0 for c in ms_cols)
+      ax.text(value + 0.01 * top, j, ', '.join(
+          f'{row[i]}' + (' MiB temp' if 'MiB' in header[i] else '')
+          for i in note_cols), va='center', fontsize=6)
+  ax.set_xlim(0, top * (1.3 if note_cols else 1.05))
+  ax.set_yticks(range(len(rows)))
+  ax.set_yticklabels([' '.join(row[i] for i in label_cols
+                               if row[i] != '-') for row in rows], fontsize=6)
+  ax.invert_yaxis()
+  ax.set_xlabel('median ms' + (' (labels: ' + ', '.join(
+      header[i] for i in note_cols) + ')' if note_cols else ''), fontsize=7)
+  ax.tick_params(axis='x', labelsize=7)
+  ax.set_title(title, fontsize=8)
+  ax.grid(axis='x', alpha=0.3)
+  if len(ms_cols) > 1:
+    ax.legend(fontsize=6, loc='lower right')
+
+
+def plot(result: dict[str, Any], path: str) -> str:
+  """The four tables as bar charts, two columns."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  sections = result['sections']
+  fig = Figure(figsize=(13, 10), layout='constrained')
+  columns = fig.subfigures(1, 2)
+  halves = (sections[:2], sections[2:])
+  for sub, half in zip(columns, halves):
+    if not half:
+      continue
+    heights = [len(sec['table']['rows'])
+               * (len(sec['table']['header']) if sec['title'].startswith(
+                   ('1.', '2.')) else 2) for sec in half]
+    axes = sub.subplots(len(half), 1, height_ratios=heights, squeeze=False)
+    for ax, sec in zip(axes[:, 0], half):
+      _plot_section(ax, sec['title'], sec['table'])
+  fig.suptitle(
+      f"Where an optimizer step's time goes: one {result['leaf_rows']} x "
+      f"{result['leaf_cols']} leaf, {'quick' if result['quick'] else 'full'}"
+      f" mode; jax {result['jax']} on {result['platform']} "
+      f"({result['device_kind']})", fontsize=9)
+  fig.savefig(path, dpi=110)
+  return path
+
+
+def render_markdown(result: dict[str, Any], stem: str) -> str:
+  flags = result['flags']
+  head = (f'Command: `python examples/profile_step.py{" " * bool(flags)}'
+          f'{flags}`  \n'
+          f"One {result['leaf_rows']} x {result['leaf_cols']} leaf; jax "
+          f"{result['jax']} on {result['platform']} "
+          f"({result['device_kind']}).")
+  if result.get('git_revision'):
+    head += (f"  \nRevision `{result['git_revision']}`, "
+             f"{result['date']}.")
+  return (head + f'\n\n![median ms per row of each table]({stem}.png)\n\n'
+          + '\n\n'.join(f"### {sec['title']}\n\n"
+                        f"{_markdown_table(sec['table'])}"
+                        for sec in result['sections']) + '\n')
+
+
+def parse_markdown(text: str) -> dict[str, Any]:
+  """The result of a ``profile_step.md`` written before the JSON was."""
+  command = re.search(r'^Command: `python examples/profile_step\.py ?(.*)`',
+                      text, re.M)
+  leaf = re.search(r'^One (\d+) x (\d+) leaf; jax (\S+) on (\S+) '
+                   r'\((.*)\)\.$', text, re.M)
+  if not command or not leaf:
+    raise ValueError('not a page written by profile_step.py')
+  sections = []
+  for block in text.split('\n### ')[1:]:
+    title, _, rest = block.partition('\n')
+    lines = [l for l in rest.splitlines() if l.startswith('|')]
+    cells = lambda l: [c.strip() for c in l.strip().strip('|').split('|')]
+    sections.append(dict(title=title.strip(), table=dict(
+        header=cells(lines[0]), rows=[cells(l) for l in lines[2:]])))
+  flags = command.group(1)
+  return dict(flags=flags, quick='--quick' in shlex.split(flags),
+              leaf_rows=int(leaf.group(1)), leaf_cols=int(leaf.group(2)),
+              jax=leaf.group(3), platform=leaf.group(4),
+              device_kind=leaf.group(5), sections=sections)
+
+
+def write_outputs(result: dict[str, Any], out: str, stem: str) -> str:
+  """``<stem>.md`` and ``<stem>.png`` in ``out``; returns the page."""
+  text = render_markdown(result, stem)
+  with open(os.path.join(out, stem + '.md'), 'w') as f:
+    f.write(text)
+  plot(result, os.path.join(out, stem + '.png'))
+  return text
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -199,15 +338,35 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument('--quick', action='store_true',
                       help='a 256 x 512 leaf and few repetitions')
   parser.add_argument(
+      '--render', action='store_true',
+      help='no measurement: re-write profile_step.md and .png (with '
+      '--quick: profile_step_quick.*) from the JSON in --out')
+  parser.add_argument(
       '--out', default=os.path.join(_ROOT, 'runs', 'profile_step'),
-      help='directory for profile_step.md (default: runs/profile_step; '
+      help='directory for profile_step.json, .md and .png (default: runs/profile_step; '
       'docs/results for the published tables)')
   return parser
 
 
 def main(argv=None) -> str:
-  """Prints the tables, writes them to ``--out`` and returns the file."""
+  """Prints the tables, writes them to ``--out`` and returns the page."""
   args = make_parser().parse_args(argv)
+  stem = 'profile_step_quick' if args.quick else 'profile_step'
+  json_path = os.path.join(args.out, stem + '.json')
+  path = os.path.join(args.out, stem + '.md')
+  if args.render:
+    if os.path.exists(json_path):
+      with open(json_path) as f:
+        result = json.load(f)
+    else:
+      with open(path) as f:
+        result = parse_markdown(f.read())
+      with open(json_path, 'w') as f:
+        json.dump(result, f, indent=1)
+        f.write('\n')
+    write_outputs(result, args.out, stem)
+    print(f'wrote {args.out}/{stem}.{{md,png}}')
+    return path
   if args.quick:
     args.rows, args.cols, args.rounds = 256, 512, 1
   rng = np.random.default_rng(0)
@@ -229,19 +388,19 @@ def main(argv=None) -> str:
                        args.rounds)),
   ]
   dev = jax.devices()[0]
-  flags = shlex.join(sys.argv[1:] if argv is None else argv)
-  head = (f'Command: `python examples/profile_step.py{" " * bool(flags)}'
-          f'{flags}`  \n'
-          f'One {args.rows} x {args.cols} leaf; jax {jax.__version__} on '
-          f'{dev.platform} ({dev.device_kind}).')
-  text = head + '\n\n' + '\n\n'.join(
-      f'### {title}\n\n{table}' for title, table in sections) + '\n'
-  print(text)
+  result = dict(
+      flags=shlex.join(sys.argv[1:] if argv is None else argv),
+      quick=args.quick, leaf_rows=args.rows, leaf_cols=args.cols,
+      jax=jax.__version__, platform=dev.platform,
+      device_kind=dev.device_kind, git_revision=_common.git_revision(),
+      date=_common.now_utc(),
+      sections=[dict(title=t, table=table) for t, table in sections])
   os.makedirs(args.out, exist_ok=True)
-  path = os.path.join(
-      args.out, 'profile_step_quick.md' if args.quick else 'profile_step.md')
-  with open(path, 'w') as f:
-    f.write(text)
+  with open(json_path, 'w') as f:
+    json.dump(result, f, indent=1)
+    f.write('\n')
+  text = write_outputs(result, args.out, stem)
+  print(text)
   print(f'wrote {path}')
   return path
 

@@ -217,6 +217,51 @@ def claims(summary) -> dict[str, Any]:
   return out
 
 
+def plot(result, path) -> pathlib.Path:
+  """Final validation loss per config: each seed, the mean and the range;
+  bytes per parameter written at the right."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  summary, meta = result['summary'], result['meta']
+  fig = Figure(figsize=(8.5, 0.32 * len(summary) + 1.8), layout='constrained')
+  ax = fig.subplots()
+  colors = {'adamw': '0.4', 'shampoo': 'C0', 'soap': 'C1'}
+  finite = [r['final_val_loss'] for r in result['rows']
+            if math.isfinite(r['final_val_loss'])]
+  lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+  span = max(hi - lo, 1e-3 * max(abs(hi), 1.0))
+  right = hi + 0.3 * span
+  for j, s in enumerate(summary):
+    opt = s['config'].split()[0]
+    color = colors.get(opt, 'C2')
+    seeds = [r['final_val_loss'] for r in result['rows']
+             if r['config'] == s['config']]
+    ok = [v for v in seeds if math.isfinite(v)]
+    if s['config'].endswith(' fp32') and ok:
+      # The float32 range of this optimizer, as a band behind its rows.
+      ax.axvspan(min(ok), max(ok), color=color, alpha=0.12, lw=0)
+    ax.plot(ok, [j] * len(ok), 'o', ms=3, color=color, alpha=0.5)
+    if ok:
+      ax.plot([min(ok), max(ok)], [j, j], '-', color=color, lw=1.5)
+      ax.plot([statistics.fmean(ok)], [j], 'D', ms=6, color=color)
+    ax.text(right, j, f"  {s['bytes_per_param']:.2f} B/param"
+            + ('' if len(ok) == len(seeds) else
+               f', {len(seeds) - len(ok)} diverged'),
+            va='center', fontsize=7)
+  ax.set_yticks(range(len(summary)))
+  ax.set_yticklabels([s['config'] for s in summary], fontsize=8)
+  ax.invert_yaxis()
+  ax.set_xlim(lo - 0.05 * span, right)
+  ax.set_xlabel('final validation loss (nats/byte): seeds (dots), mean '
+                '(diamond), range (line); band: the fp32 range of each '
+                'optimizer', fontsize=8)
+  ax.grid(axis='x', alpha=0.3)
+  ax.set_title(
+      f"Shampoo and SOAP with low-bit state, LM benchmark, {meta['mode']} "
+      f"mode: {meta['steps']} steps, seeds {meta['seeds']}", fontsize=9)
+  fig.savefig(path, dpi=110)
+  return pathlib.Path(path)
+
+
 def render_markdown(result) -> str:
   meta = result['meta']
   lines = [
@@ -240,6 +285,7 @@ def render_markdown(result) -> str:
       'Bytes: the optimizer state\'s real buffers per parameter (float32 '
       'AdamW: 8). Step: median step time over seeds, refreshes included, '
       'taken with the machine shared (indicative only).', '',
+      '![final validation loss per configuration](second_order.png)', '',
   ]
   rows = [[s['config'], f"{s['mean']:.4f}", f"{s['spread']:.4f}",
            f"{s['bytes_per_param']:.2f}", f"{s['step_ms']:.1f}"]
@@ -270,7 +316,7 @@ def make_parser() -> argparse.ArgumentParser:
                       help='train only --configs and replace their rows in '
                       'the second_order.json in --out')
   parser.add_argument('--render', action='store_true',
-                      help='only re-write second_order.{json,md} from the '
+                      help='only re-write second_order.{json,md,png} from the '
                       'rows of the second_order.json in --out (no '
                       'training)')
   parser.add_argument('--data', default=None,
@@ -288,6 +334,7 @@ def _finish(out: pathlib.Path, result) -> str:
       json.dumps(result, indent=1, allow_nan=True) + '\n')
   md = render_markdown(result)
   (out / 'second_order.md').write_text(md)
+  plot(result, out / 'second_order.png')
   return md
 
 
@@ -316,7 +363,7 @@ def main(argv=None):
     meta['seconds'] = time.time() - start
     md = _finish(out, dict(meta=meta, rows=rows))
   print(json.dumps(claims(summarize(rows)), indent=1))
-  print(f'wrote {out}/second_order.{{json,md}}')
+  print(f'wrote {out}/second_order.{{json,md,png}}')
   return md
 
 

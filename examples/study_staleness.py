@@ -32,14 +32,18 @@ of 0.999, so that its 600 steps span six EMA time constants and several
 reset periods (``K*`` = 97 for fp8 and 72 for 4-bit at 0.99), as the
 paper's 10K-20K step runs do at 0.999. ``--mode paper`` keeps 0.999 (longer).
 
-Writes ``<name>.json`` and ``<name>.md`` (``staleness`` unless ``--name``
+Writes ``<name>.json``, ``<name>.md`` and ``<name>.png`` (the paired gap
+to fp32 and the stalled fraction per row; ``staleness`` unless ``--name``
 says otherwise) to ``--out``, by default ``runs/study_staleness/`` in the
-repository (git-ignored). The published results are written only when asked
-for, with ``--out docs/results``::
+repository (git-ignored). ``--render`` re-writes the page and the plot from
+the saved JSON without training. The published results are written only
+when asked for, with ``--out docs/results``::
 
   python examples/study_staleness.py     # quick, ~30 min, 2 shared cores
   python examples/study_staleness.py --mode paper   # b2 = 0.999, 3000 steps
   python examples/study_staleness.py --out docs/results   # the published table
+  python examples/study_staleness.py --render --name staleness_paper \
+      --out docs/results                # page and plot from the JSON
 """
 
 from __future__ import annotations
@@ -218,8 +222,11 @@ def make_parser() -> argparse.ArgumentParser:
                       'one mode into <name>.json/.md (reset rows are named '
                       'with their period; a repeated config and seed is '
                       'taken from the first file)')
+  parser.add_argument('--render', action='store_true',
+                      help='no training: re-write <name>.md and <name>.png '
+                      'from the <name>.json in --out')
   parser.add_argument('--name', default='staleness',
-                      help='output stem: <out>/<name>.json and .md')
+                      help='output stem: <out>/<name>.json, .md and .png')
   _common.add_out_argument(parser, __file__)
   return parser
 
@@ -233,6 +240,9 @@ def main(argv=None):
   sweep = len(periods) > 1
   if args.merge:
     merge(args.merge, pathlib.Path(args.out), args.name, argv)
+    return
+  if args.render:
+    render(pathlib.Path(args.out), args.name)
     return
   cfg = MODES[args.mode]
   if args.steps:
@@ -269,8 +279,17 @@ def main(argv=None):
   summary = summarize(rows)
   with open(out_dir / f'{args.name}.json', 'w') as f:
     json.dump(dict(meta=meta, summary=summary, rows=rows), f, indent=1)
-  write_markdown(out_dir / f'{args.name}.md', meta, summary, cfg)
+  write_outputs(out_dir, args.name, meta, summary, cfg)
   print(_common.markdown_table(*_table(summary)))
+
+
+def render(out_dir, name):
+  """``<name>.md`` and ``<name>.png`` from ``<name>.json``."""
+  data = json.loads((out_dir / f'{name}.json').read_text())
+  meta = data['meta']
+  write_outputs(out_dir, name, meta, data['summary'],
+                _common.RunConfig(**meta['run_config']))
+  print(f'wrote {out_dir}/{name}.{{md,png}}')
 
 
 _FORMAT_ORDER = {'fp32': 0, 'fp8': 1, '4bit': 2}
@@ -323,8 +342,7 @@ def merge(paths, out_dir, name, argv=None):
   out_dir.mkdir(parents=True, exist_ok=True)
   with open(out_dir / f'{name}.json', 'w') as f:
     json.dump(dict(meta=meta, summary=summary, rows=rows), f, indent=1)
-  write_markdown(out_dir / f'{name}.md', meta, summary,
-                 _common.RunConfig(**cfg))
+  write_outputs(out_dir, name, meta, summary, _common.RunConfig(**cfg))
   print(_common.markdown_table(*_table(summary)))
 
 
@@ -349,7 +367,10 @@ def _period_text(meta):
   if meta.get('sources'):
     return "`N` steps, the `@N` in the row's name"
   if meta.get('reset_every'):
-    return (', '.join(map(str, meta['reset_every'])) +
+    periods = meta['reset_every']
+    if isinstance(periods, int):  # Written by versions with one period.
+      periods = [periods]
+    return (', '.join(map(str, periods)) +
             ' steps (`--reset-every`)')
   return '`K* = reset_period(nu_format, b2)` steps (1000 for fp32)'
 
@@ -368,6 +389,62 @@ def _provenance(meta):
   return '\n'.join(lines)
 
 
+_FORMAT_COLORS = {'fp32': '0.4', 'fp8': 'C0', '4bit': 'C1'}
+
+
+def plot(path, meta, summary, cfg):
+  """Per row: the gap to fp32 paired by seed (mean +- sd; band: fp32's seed
+  sd) and the second moment's stalled fraction in the last step."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=(10, 0.36 * len(summary) + 1.9), layout='constrained')
+  ax_gap, ax_stall = fig.subplots(1, 2, sharey=True,
+                                  gridspec_kw=dict(width_ratios=(3, 2)))
+  base = next((s for s in summary if s['config'] == 'fp32'), None)
+  if base is not None:
+    ax_gap.axvspan(-base['std_val_loss'], base['std_val_loss'], color='0.88',
+                   lw=0, label='fp32 seed sd')
+  ax_gap.axvline(0.0, color='0.3', lw=0.8)
+  for j, s in enumerate(summary):
+    fmt = s['config'].split('/')[0].split('+')[0]
+    color = _FORMAT_COLORS.get(fmt, 'C2')
+    resets = s['reset_period'] is not None
+    style = dict(color=color, ms=6, capsize=3,
+                 mfc=color if resets else 'white')
+    if s['config'] == 'fp32':
+      ax_gap.text(0.0, j, f"  the reference: val loss {s['mean_val_loss']:.4f}"
+                  f" +- {s['std_val_loss']:.4f}", va='center', fontsize=7)
+    elif s['mean_gap_to_fp32'] is not None:
+      ax_gap.errorbar(s['mean_gap_to_fp32'], j, xerr=s['std_gap'],
+                      fmt='o' if resets else 's', **style)
+    if s['nu_stalled_last_step'] is not None:
+      ax_stall.barh(j, s['nu_stalled_last_step'], color=color,
+                    alpha=1.0 if resets else 0.5)
+  ax_gap.set_yticks(range(len(summary)))
+  ax_gap.set_yticklabels([s['config'] for s in summary], fontsize=8)
+  ax_gap.set_ylim(len(summary) - 0.5, -0.5)
+  ax_gap.set_xlabel('final validation loss - fp32, same seed (mean +- sd '
+                    'over seeds)', fontsize=8)
+  ax_gap.legend(fontsize=7, loc='best')
+  ax_stall.set_xlim(0, 1)
+  ax_stall.set_xlabel('nu stalled in the last step (fraction)', fontsize=8)
+  for ax in (ax_gap, ax_stall):
+    ax.grid(axis='x', alpha=0.3)
+    ax.tick_params(axis='x', labelsize=7)
+  fig.suptitle(
+      f"Staleness ablation ({path.stem}), {meta['mode']} mode: "
+      f"{cfg.steps} steps, b2 {cfg.b2}, seeds {meta['seeds']}; filled: "
+      f"with resets of {' and '.join(meta.get('reset_fields', ['mu', 'nu']))}",
+      fontsize=9)
+  fig.savefig(path, dpi=110)
+  return path
+
+
+def write_outputs(out_dir, name, meta, summary, cfg):
+  """``<name>.md`` and ``<name>.png`` in ``out_dir``."""
+  write_markdown(out_dir / f'{name}.md', meta, summary, cfg)
+  plot(out_dir / f'{name}.png', meta, summary, cfg)
+
+
 def write_markdown(path, meta, summary, cfg):
   header, rows = _table(summary)
   text = f"""# Staleness ablation on the small GPT
@@ -381,11 +458,13 @@ Generated by `examples/study_staleness.py`; do not edit by hand.
   clip {cfg.clip_norm}, weight decay {cfg.weight_decay}; seeds
   {meta['seeds']}; {meta['seconds']} s in all.
 
-Resets zero {' and '.join(meta['reset_fields'])} every
+Resets zero {' and '.join(meta.get('reset_fields', ['mu', 'nu']))} every
 {_period_text(meta)} (bias correction by local age). "nu stalled" is the stalled fraction of the
 second-moment leaves in the last step (`optax_q.stall_fraction`, averaged
 over leaves). The gap is paired by seed (same init, data order and rounding
 seed as the fp32 run).
+
+![gap to fp32 and stalled fraction per row]({path.stem}.png)
 
 {_common.markdown_table(header, rows)}
 """

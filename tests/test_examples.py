@@ -307,6 +307,7 @@ class ExamplesTest(absltest.TestCase):
     self.assertAlmostEqual(summary['fp8/stochastic+resets@1000'][
         'mean_gap_to_fp32'], 0.5)
     self.assertIn('From `b.json`: `run b`', (out / 'pooled.md').read_text())
+    self.assertTrue((out / 'pooled.png').is_file())
     c = write('c', [0], [row('fp32', 0, 1.0, fmt='fp32')], {'steps': 20})
     with self.assertRaisesRegex(ValueError, 'run configuration'):
       study_staleness.merge([a, c], out, 'bad')
@@ -519,7 +520,8 @@ class StudySecondOrderTest(_DocsUnchanged):
     configs = ['adamw fp32', 'soap fp8+resets', 'shampoo 4-bit']
     md, _ = _quiet(study_second_order.main, [
         '--mode', 'smoke', '--configs', *configs, '--out', str(self.out)])
-    self.assert_wrote('second_order.json', 'second_order.md')
+    self.assert_wrote('second_order.json', 'second_order.md',
+                      'second_order.png')
     saved = json.loads((self.out / 'second_order.json').read_text())
     self.assertEqual([s['config'] for s in saved['summary']],
                      ['adamw fp32', 'shampoo 4-bit', 'soap fp8+resets'])
@@ -536,6 +538,7 @@ class StudySecondOrderTest(_DocsUnchanged):
     shutil.copy(results / 'second_order.json', self.out / 'second_order.json')
     md, _ = _quiet(study_second_order.main,
                    ['--render', '--out', str(self.out)])
+    self.assert_wrote('second_order.png')
     self.assertEqual(md, (results / 'second_order.md').read_text())
 
 
@@ -583,11 +586,22 @@ class ProfileStepTest(_DocsUnchanged):
       self.assertIn(title, text)
     self.assertIn('| fp8_e4m3, tile_size=2^18 |', text)
     self.assertIn('| optax_q fp8_e4m3 stochastic, track_stalls=True |', text)
-    self.assert_wrote('profile_step_quick.md')
+    self.assert_wrote('profile_step_quick.md', 'profile_step_quick.json',
+                      'profile_step_quick.png')
     self.assertEqual(pathlib.Path(path), self.out / 'profile_step_quick.md')
     written = pathlib.Path(path).read_text()
     self.assertIn('### 4. Stall telemetry', written)
     self.assertIn(written, text)
+    _quiet(profile_step.main, ['--quick', '--render', '--out', str(self.out)])
+    self.assertEqual(pathlib.Path(path).read_text(), written)
+
+  def test_published_page_is_its_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    shutil.copy(results / 'profile_step.json', self.out / 'profile_step.json')
+    _quiet(profile_step.main, ['--render', '--out', str(self.out)])
+    self.assert_wrote('profile_step.md', 'profile_step.png')
+    self.assertEqual((self.out / 'profile_step.md').read_text(),
+                     (results / 'profile_step.md').read_text())
 
 
 class BenchStepTest(_DocsUnchanged):
@@ -597,7 +611,8 @@ class BenchStepTest(_DocsUnchanged):
         '--quick', '--no-peers', '--only', 'optax_q fp8_e4m3 nearest',
         '--steps', '2', '--rounds', '1', '--warmup', '1',
         '--out', str(self.out)])
-    self.assert_wrote('bench_step_quick.json', 'bench_step_quick.md')
+    self.assert_wrote('bench_step_quick.json', 'bench_step_quick.md',
+                      'bench_step_quick.png')
     self.assertEqual(
         [r['config'] for r in result['rows']],
         [bench_step.BASELINE, 'optax_q fp8_e4m3 nearest'])
@@ -605,6 +620,48 @@ class BenchStepTest(_DocsUnchanged):
     self.assertEqual(written['mode'], 'quick')
     self.assertIn('| optax_q fp8_e4m3 nearest |',
                   (self.out / 'bench_step_quick.md').read_text())
+
+  def test_published_pages_are_their_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    for name in ('bench_step', 'bench_step_layouts', 'bench_step_lowbit'):
+      shutil.copy(results / f'{name}.json', self.out / f'{name}.json')
+      _quiet(bench_step.main, ['--render', '--name', name,
+                               '--out', str(self.out)])
+      self.assert_wrote(f'{name}.md', f'{name}.png')
+      self.assertEqual((self.out / f'{name}.md').read_text(),
+                       (results / f'{name}.md').read_text(), name)
+
+
+class UpdateErrorRenderTest(_DocsUnchanged):
+
+  def test_published_pages_are_their_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    for name in ('update_error', 'update_error_no_floor'):
+      shutil.copy(results / f'{name}.json', self.out / f'{name}.json')
+    _quiet(update_error.main, ['--render', '--out', str(self.out)])
+    _quiet(update_error.main, ['--render', '--name', 'update_error_no_floor',
+                               '--compare', 'update_error',
+                               '--out', str(self.out)])
+    for name in ('update_error', 'update_error_no_floor'):
+      self.assert_wrote(f'{name}.md', f'{name}.png')
+      self.assertEqual((self.out / f'{name}.md').read_text(),
+                       (results / f'{name}.md').read_text(), name)
+
+
+class StudyStalenessRenderTest(_DocsUnchanged):
+
+  def test_published_pages_are_their_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    names = [p.stem for p in sorted(results.glob('staleness*.json'))
+             if p.stem != 'staleness_sim']  # staleness_simulation.py's.
+    self.assertIn('staleness_paper_pooled', names)
+    for name in names:
+      shutil.copy(results / f'{name}.json', self.out / f'{name}.json')
+      _quiet(study_staleness.main, ['--render', '--name', name,
+                                    '--out', str(self.out)])
+      self.assert_wrote(f'{name}.md', f'{name}.png')
+      self.assertEqual((self.out / f'{name}.md').read_text(),
+                       (results / f'{name}.md').read_text(), name)
 
 
 @pytest.mark.slow
@@ -622,7 +679,7 @@ class SlowScriptsTest(_DocsUnchanged):
     _quiet(study_staleness.main, [
         '--steps', '2', '--seeds', '0', '--formats', 'fp8', '--variants',
         'nearest', '--name', 'tiny', '--out', str(self.out)])
-    self.assert_wrote('tiny.json', 'tiny.md')
+    self.assert_wrote('tiny.json', 'tiny.md', 'tiny.png')
     rows = json.loads((self.out / 'tiny.json').read_text())['rows']
     self.assertEqual([r['config'] for r in rows], ['fp32', 'fp8/nearest'])
 
@@ -632,7 +689,8 @@ class SlowScriptsTest(_DocsUnchanged):
                            (('fp8_e4m3', 'fp8_e4m3'),)):
       rows, _ = _quiet(update_error.main,
                        ['--steps', '2', '--out', str(self.out)])
-    self.assert_wrote('update_error.json', 'update_error.md')
+    self.assert_wrote('update_error.json', 'update_error.md',
+                      'update_error.png')
     self.assertLen(rows, 2)  # nearest, stochastic
 
 
