@@ -379,6 +379,91 @@ def _f(v, digits=4):
   return '' if v is None else f'{v:.{digits}f}'
 
 
+COLORS = dict(adamw='0.35', muon='C3', shampoo='C0', soap='C1')
+
+
+def plot(result, path) -> pathlib.Path:
+  """Four panels: the degradation per optimizer and width; the PTQ
+  degradation against R_L and against MMR over every float32 model; the
+  scaling-law fits."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  meta, table, rows = result['meta'], result['table'], result['rows']
+  fig = Figure(figsize=(11, 8), layout='constrained')
+  (bars, r_l), (mmr, law) = fig.subplots(2, 2)
+  widths = sorted({t['width'] for t in table})
+  kinds = (('ptq_delta', 'PTQ (end)', ''), ('cl_ptq_delta', 'PTQ (CL)', '//'),
+           ('qat_delta', 'QAT', '..'))
+  names = [n for n in OPTIMIZERS if any(t['optimizer'] == n for t in table)]
+  slot = 0.8 / max(len(names) * len(kinds), 1)
+  for i, w in enumerate(widths):
+    for j, name in enumerate(names):
+      t = next((t for t in table if t['width'] == w
+                and t['optimizer'] == name), None)
+      for k, (key, label, hatch) in enumerate(kinds):
+        if t is None or t[key] is None:
+          continue
+        x = i - 0.4 + slot * (j * len(kinds) + k + 0.5)
+        bars.bar(x, t[key], slot, color=COLORS[name], hatch=hatch,
+                 edgecolor='white', lw=0,
+                 label=f'{name} {label}' if i == 0 else None)
+  bars.set_xticks(range(len(widths)))
+  bars.set_xticklabels([f'd {w}' for w in widths])
+  bars.set_ylabel('loss increase (nats/byte)')
+  bars.set_title('Degradation at 4 bits, best learning rate per width',
+                 fontsize=9)
+  bars.legend(fontsize=6, ncol=len(names), loc='upper center',
+              bbox_to_anchor=(0.5, -0.08))
+  bars.grid(axis='y', alpha=0.3)
+  fp = [r for r in rows if not r['qat']]
+  markers = dict(zip(widths, 'os^Dv'))
+  for ax, metric, label in ((r_l, 'r_l', 'R_L (output error of W4A4)'),
+                            (mmr, 'mmr_median', 'MMR (max / median)')):
+    for r in fp:
+      ax.plot(r['metrics'][metric], r['ptq_loss'] - r['val_loss'],
+              markers.get(r['width'], 'o'), color=COLORS[r['optimizer']],
+              ms=5, alpha=0.8)
+    ax.set_xscale('log')
+    ax.set_xlabel(label)
+    ax.set_ylabel('PTQ degradation (nats/byte)')
+    rho = result['correlations'].get('mean', {}).get(metric, {})
+    shapes = ', '.join(f'{markers[w]} d {w}' for w in widths)
+    ax.set_title(f'every float32 model ({shapes}); mean Spearman rho '
+                 f"{rho.get('degradation', math.nan):.2f}", fontsize=9)
+    ax.grid(alpha=0.3)
+  for name in names:
+    r_l.plot([], [], 'o', color=COLORS[name], label=name)
+  r_l.legend(fontsize=7)
+  for name, fit in result['scaling'].items():
+    pts = [(r['num_params'], r['val_loss'], r['qat']) for r in rows
+           if r['optimizer'] == name and (r['qat'] or any(
+               t['optimizer'] == name and t['width'] == r['width']
+               and t['lr'] == r['lr'] for t in table))]
+    n_grid = np.geomspace(min(p[0] for p in pts), max(p[0] for p in pts))
+    for q, style, rho in ((False, '-', 1.0), (True, '--', fit['rho'])):
+      law.plot(n_grid, fit['a'] / (n_grid * rho) ** fit['alpha'] + fit['e'],
+               style, color=COLORS[name], lw=1)
+      law.plot([p[0] for p in pts if p[2] == q],
+               [p[1] for p in pts if p[2] == q], 'o' if not q else 'x',
+               color=COLORS[name],
+               label=f"{name} {'QAT' if q else 'fp32'}"
+               + (f" (rho {fit['rho']:.2f})" if q else ''))
+  law.set_xscale('log')
+  law.set_xlabel('parameters N')
+  law.set_ylabel('validation loss (nats/byte)')
+  law.set_title('L = A / (N rho)^alpha + E: fp32 (solid), 4-bit QAT (dashed)',
+                fontsize=9)
+  law.grid(alpha=0.3)
+  if result['scaling']:
+    law.legend(fontsize=6, ncol=2)
+  else:
+    law.text(0.5, 0.5, 'no fit: it needs three widths or more',
+             ha='center', va='center', transform=law.transAxes)
+  fig.suptitle(f"Optimizers under 4-bit quantization, {meta['mode']} mode: "
+               f"{meta['steps']} steps, widths {meta['widths']}", fontsize=10)
+  fig.savefig(path, dpi=100)
+  return pathlib.Path(path)
+
+
 def render_markdown(result) -> str:
   meta = result['meta']
   lines = [
@@ -400,6 +485,7 @@ def render_markdown(result) -> str:
       'token, mid-rise. QAT: QuEST 4-bit weights and activations (Hadamard '
       '128, trust-mask STE), trained from scratch at the best float32 '
       'learning rate.', '',
+      f'![degradation, metrics and scaling laws]({NAME}.png)', '',
       '## Degradation per optimizer (best learning rate per width)', '',
       'Validation loss (nats per byte). PTQ delta: at the end of training; '
       'CL delta: at the common-loss checkpoint (the first evaluation where '
@@ -482,6 +568,7 @@ def _finish(out: pathlib.Path, result) -> str:
       json.dumps(result, indent=1, allow_nan=True) + '\n')
   md = render_markdown(result)
   (out / f'{NAME}.md').write_text(md)
+  plot(result, out / f'{NAME}.png')
   return md
 
 

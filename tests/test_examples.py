@@ -550,7 +550,8 @@ class StudyOptimizersQuantizationTest(_DocsUnchanged):
         '--mode', 'smoke', '--optimizers', 'adamw', 'muon',
         '--out', str(self.out)])
     self.assert_wrote('optimizers_quantization.json',
-                      'optimizers_quantization.md')
+                      'optimizers_quantization.md',
+                      'optimizers_quantization.png')
     saved = json.loads(
         (self.out / 'optimizers_quantization.json').read_text())
     self.assertEqual(
