@@ -463,6 +463,7 @@ class StudyEcoTest(_DocsUnchanged):
 
 class StudyFpConvergenceTest(_DocsUnchanged):
 
+  @pytest.mark.slow  # About 20 s; the published page's render stays fast.
   def test_sweep_writes_its_files(self):
     md, text = _quiet(study_fp_convergence.main, [
         '--mode', 'smoke', '--sections', 'rosenbrock',
