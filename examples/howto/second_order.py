@@ -85,15 +85,16 @@ def main(argv=None) -> bool:
                                           min_size=0, reset_every=40),
   }
   ok = True
+  steps = {name: make_step(model, tx) for name, tx in optimizers.items()}
   for name, tx in optimizers.items():
-    _, state, loss = train(make_step(model, tx), params, tx.init(params), 0,
+    _, state, loss = train(steps[name], params, tx.init(params), 0,
                            args.steps)
     print(f'{name:20s} loss {loss:.4f}, state '
           f'{optax_q.state_nbytes(state) / 1024:.1f} KiB')
     ok &= bool(np.isfinite(loss))
   # Checkpoint SOAP's quantized, resetting state halfway; resume.
   tx = optimizers['soap 8-bit + resets']
-  step_fn = make_step(model, tx)
+  step_fn = steps['soap 8-bit + resets']  # Compiled once, above.
   half = args.steps // 2
   p, s, _ = train(step_fn, params, tx.init(params), 0, half)
   with tempfile.TemporaryDirectory() as tmp, ocp.StandardCheckpointer() as c:
