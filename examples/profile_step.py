@@ -53,10 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shlex
 import statistics
-import sys
 from typing import Any
 
 import jax
@@ -278,9 +275,7 @@ def plot(result: dict[str, Any], path: str) -> str:
 
 
 def render_markdown(result: dict[str, Any], stem: str) -> str:
-  flags = result['flags']
-  head = (f'Command: `python examples/profile_step.py{" " * bool(flags)}'
-          f'{flags}`  \n'
+  head = (f"Command: `{result['command']}`  \n"
           f"One {result['leaf_rows']} x {result['leaf_cols']} leaf; jax "
           f"{result['jax']} on {result['platform']} "
           f"({result['device_kind']}).")
@@ -291,28 +286,6 @@ def render_markdown(result: dict[str, Any], stem: str) -> str:
           + '\n\n'.join(f"### {sec['title']}\n\n"
                         f"{_markdown_table(sec['table'])}"
                         for sec in result['sections']) + '\n')
-
-
-def parse_markdown(text: str) -> dict[str, Any]:
-  """The result of a ``profile_step.md`` written before the JSON was."""
-  command = re.search(r'^Command: `python examples/profile_step\.py ?(.*)`',
-                      text, re.M)
-  leaf = re.search(r'^One (\d+) x (\d+) leaf; jax (\S+) on (\S+) '
-                   r'\((.*)\)\.$', text, re.M)
-  if not command or not leaf:
-    raise ValueError('not a page written by profile_step.py')
-  sections = []
-  for block in text.split('\n### ')[1:]:
-    title, _, rest = block.partition('\n')
-    lines = [l for l in rest.splitlines() if l.startswith('|')]
-    cells = lambda l: [c.strip() for c in l.strip().strip('|').split('|')]
-    sections.append(dict(title=title.strip(), table=dict(
-        header=cells(lines[0]), rows=[cells(l) for l in lines[2:]])))
-  flags = command.group(1)
-  return dict(flags=flags, quick='--quick' in shlex.split(flags),
-              leaf_rows=int(leaf.group(1)), leaf_cols=int(leaf.group(2)),
-              jax=leaf.group(3), platform=leaf.group(4),
-              device_kind=leaf.group(5), sections=sections)
 
 
 def write_outputs(result: dict[str, Any], out: str, stem: str) -> str:
@@ -355,15 +328,8 @@ def main(argv=None) -> str:
   json_path = os.path.join(args.out, stem + '.json')
   path = os.path.join(args.out, stem + '.md')
   if args.render:
-    if os.path.exists(json_path):
-      with open(json_path) as f:
-        result = json.load(f)
-    else:
-      with open(path) as f:
-        result = parse_markdown(f.read())
-      with open(json_path, 'w') as f:
-        json.dump(result, f, indent=1)
-        f.write('\n')
+    with open(json_path) as f:
+      result = json.load(f)
     write_outputs(result, args.out, stem)
     print(f'wrote {args.out}/{stem}.{{md,png}}')
     return path
@@ -389,8 +355,7 @@ def main(argv=None) -> str:
   ]
   dev = jax.devices()[0]
   result = dict(
-      flags=shlex.join(sys.argv[1:] if argv is None else argv),
-      quick=args.quick, leaf_rows=args.rows, leaf_cols=args.cols,
+      command=_common.command_line(__file__, argv), quick=args.quick, leaf_rows=args.rows, leaf_cols=args.cols,
       jax=jax.__version__, platform=dev.platform,
       device_kind=dev.device_kind, git_revision=_common.git_revision(),
       date=_common.now_utc(),

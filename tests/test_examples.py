@@ -594,6 +594,10 @@ class ProfileStepTest(_DocsUnchanged):
     written = pathlib.Path(path).read_text()
     self.assertIn('### 4. Stall telemetry', written)
     self.assertIn(written, text)
+    saved = json.loads((self.out / 'profile_step_quick.json').read_text())
+    self.assertIn('python examples/profile_step.py --quick', saved['command'])
+    self.assertIn('Command: `python examples/profile_step.py --quick',
+                  written)
     _quiet(profile_step.main, ['--quick', '--render', '--out', str(self.out)])
     self.assertEqual(pathlib.Path(path).read_text(), written)
 
