@@ -208,6 +208,16 @@ def main(argv=None) -> bool:
   parser.add_argument('--timeout', type=int, default=120,
                       help='seconds after which every process stops itself')
   args = parser.parse_args(argv)
+  for flag, value, low in (('--num-processes', args.num_processes, 1),
+                           ('--local-devices', args.local_devices, 0),
+                           ('--steps', args.steps, 1),
+                           ('--timeout', args.timeout, 1)):
+    if value < low:
+      parser.error(f'{flag} must be at least {low}, got {value}')
+  if args.process_id is not None and not (
+      0 <= args.process_id < args.num_processes):
+    parser.error(f'--process-id must be in [0, {args.num_processes}), got '
+                 f'{args.process_id}')
   if args.process_id is None:
     return launch(args)
   if args.coordinator is None:
