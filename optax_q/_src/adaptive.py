@@ -590,6 +590,7 @@ def adaptive_bits(
     elementwise: bool = False,
     tile_size: int | None = transform.DEFAULT_TILE_SIZE,
     nonnegative_fields: Sequence[str] = transform.NONNEGATIVE_FIELDS,
+    kernel: str = 'auto',
 ) -> optax.GradientTransformationExtraArgs:
   """Keeps ``inner``'s state in formats chosen per leaf as training goes.
 
@@ -645,6 +646,7 @@ def adaptive_bits(
     elementwise: As [`quantize_state`][optax_q.quantize_state].
     tile_size: As [`quantize_state`][optax_q.quantize_state].
     nonnegative_fields: As [`quantize_state`][optax_q.quantize_state].
+    kernel: As [`quantize_state`][optax_q.quantize_state].
 
   Returns:
     A gradient transformation whose state is an
@@ -695,7 +697,7 @@ def adaptive_bits(
       scale_mode={f: mode for f, (_, mode) in start.items()},
       rounding=rounding, seed=seed, min_size=min_size, block_size=block_size,
       track_stalls=track_stalls, elementwise=elementwise,
-      tile_size=tile_size, nonnegative_fields=nonnegative)
+      tile_size=tile_size, nonnegative_fields=nonnegative, kernel=kernel)
   return optax.GradientTransformationExtraArgs(
       functools.partial(_init, cfg, quantized),
       functools.partial(_update, cfg, quantized))

@@ -67,7 +67,7 @@ def _wrap(inner, formats, **storage):
 
 
 _STORAGE_ARGS = ('rounding', 'seed', 'min_size', 'block_size',
-                 'track_stalls')
+                 'track_stalls', 'kernel')
 _DEFAULT_FORMAT = 'int8_dynamic'
 
 
@@ -160,6 +160,7 @@ def adamw(
     reset_every: Periods = None,
     nesterov: bool = False,
     track_stalls: bool = False,
+    kernel: str = 'auto',
     bits: str | Mapping[str, Any] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """AdamW with its moments stored in low precision.
@@ -210,6 +211,11 @@ def adamw(
       every stored code costs a pass over the state, up to several times the
       step on CPU (see the performance page). Resets with
       ``reset_every='adaptive'`` measure their own stalls and do not need it.
+    kernel: How the moments of a large parameter (updated in tiles of rows)
+      are made: ``'auto'`` (Pallas kernels on a GPU or TPU where they
+      lower, else XLA), ``'xla'`` or ``'pallas'`` (also on CPU, interpreted:
+      for tests; not with ``track_stalls``). The codes are the same; see
+      [`quantize_state`][optax_q.quantize_state].
     bits: None (the moments in ``mu_format`` and ``nu_format``), or
       ``'adaptive'`` or a dict of [`adaptive_bits`][optax_q.adaptive_bits]
       keyword arguments (``{'period': 50, 'candidates': ...}``): each moment
@@ -248,7 +254,8 @@ def adamw(
           learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
           nu_format=nu_format, rounding=rounding, block_size=block_size,
           seed=seed, min_size=min_size, scale_mode=scale_mode, reset_every=reset_every,
-          nesterov=nesterov, track_stalls=track_stalls, bits=bits),
+          nesterov=nesterov, track_stalls=track_stalls, kernel=kernel,
+          bits=bits),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -271,6 +278,7 @@ def adam(
     reset_every: Periods = None,
     nesterov: bool = False,
     track_stalls: bool = False,
+    kernel: str = 'auto',
     bits: str | Mapping[str, Any] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """Adam with its moments stored in low precision.
@@ -303,6 +311,7 @@ def adam(
     nesterov: Nesterov momentum, as in ``optax.adam``.
     track_stalls: Record each quantized leaf's stalled fraction, as for
       [`adamw`][optax_q.adamw].
+    kernel: How tiled moments are updated, as for [`adamw`][optax_q.adamw].
     bits: Formats chosen per leaf as training goes, as for
       [`adamw`][optax_q.adamw].
 
@@ -334,7 +343,8 @@ def adam(
           learning_rate, b1, b2, eps, eps_root, mu_format=mu_format,
           nu_format=nu_format, rounding=rounding, block_size=block_size,
           seed=seed, min_size=min_size, scale_mode=scale_mode, reset_every=reset_every,
-          nesterov=nesterov, track_stalls=track_stalls, bits=bits),
+          nesterov=nesterov, track_stalls=track_stalls, kernel=kernel,
+          bits=bits),
       optax.scale_by_learning_rate(learning_rate),
   )
 
@@ -353,6 +363,7 @@ def lion(
     min_size: int | None = None,
     scale_mode: str | Mapping[str, str] | None = None,
     track_stalls: bool = False,
+    kernel: str = 'auto',
 ) -> optax.GradientTransformationExtraArgs:
   """Lion with its momentum stored in low precision.
 
@@ -380,6 +391,7 @@ def lion(
       [`quantize_state`][optax_q.quantize_state].
     track_stalls: Record each quantized leaf's stalled fraction, as for
       [`adamw`][optax_q.adamw].
+    kernel: How tiled moments are updated, as for [`adamw`][optax_q.adamw].
 
   Returns:
     An Optax gradient transformation.
@@ -408,7 +420,7 @@ def lion(
   return optax.chain(
       _wrap(optax.scale_by_lion(b1=b1, b2=b2), formats, rounding=rounding,
             block_size=block_size, seed=seed, min_size=min_size, scale_mode=scale_mode,
-            track_stalls=track_stalls),
+            track_stalls=track_stalls, kernel=kernel),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -426,6 +438,7 @@ def sgd(
     min_size: int | None = None,
     scale_mode: str | Mapping[str, str] | None = None,
     track_stalls: bool = False,
+    kernel: str = 'auto',
 ) -> optax.GradientTransformationExtraArgs:
   """SGD with momentum (the ``trace``) stored in low precision.
 
@@ -451,6 +464,7 @@ def sgd(
       [`quantize_state`][optax_q.quantize_state].
     track_stalls: Record each quantized leaf's stalled fraction, as for
       [`adamw`][optax_q.adamw].
+    kernel: How tiled moments are updated, as for [`adamw`][optax_q.adamw].
 
   Returns:
     An Optax gradient transformation.
@@ -476,7 +490,8 @@ def sgd(
   nesterov = validation.check_bool(nesterov, 'nesterov')
   formats = _moment_formats({'mu_format': ('trace', mu_format)})
   storage = dict(rounding=rounding, block_size=block_size, seed=seed,
-                 min_size=min_size, scale_mode=scale_mode, track_stalls=track_stalls)
+                 min_size=min_size, scale_mode=scale_mode, track_stalls=track_stalls,
+                 kernel=kernel)
   if momentum is None:  # No state to store, but the arguments still count.
     transform.StorageConfig(formats=formats, **storage)
     return optax.chain(optax.identity(),

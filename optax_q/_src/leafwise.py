@@ -53,6 +53,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from optax_q._src import kernels
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import rounding as rounding_lib
 
@@ -212,7 +213,8 @@ def plan_layout(updates: Any, old: Any, params: Any) -> Layout | None:
 
 
 def isolated(lay: Layout, inner_update: Callable[..., Any],
-             extra_args: dict[str, Any], g, p, stored, roundings):
+             extra_args: dict[str, Any], g, p, stored, roundings, *,
+             shared: list[Any] | None = None, barrier: bool = True):
   """The inner update on one parameter (or tile), cut off from the rest.
 
   ``stored`` holds, per shaped slot, this parameter's stored state (a
@@ -229,12 +231,17 @@ def isolated(lay: Layout, inner_update: Callable[..., Any],
   not. The barrier stands before the decoding, so decoding still fuses
   into the update: no float32 copy of the state is written.
 
+  ``shared`` replaces the shared slots (inside a kernel, which reads them
+  from its inputs); ``barrier=False`` leaves the barrier out (a kernel body
+  compiled on its own needs none).
+
   Returns:
     ``(update, new shaped-slot leaves, new shared slots)``.
   """
-  shared = [slot for slot, leaves in zip(lay.slots, lay.per_param)
-            if leaves is None]
-  g, p, stored, shared = lax.optimization_barrier((g, p, stored, shared))
+  if shared is None:
+    shared = shared_slots(lay)
+  if barrier:
+    g, p, stored, shared = lax.optimization_barrier((g, p, stored, shared))
   values = [decode_for_inner(x, r) for x, r in zip(stored, roundings)]
   it_shared, it_values = iter(shared), iter(values)
   state = lay.sdef.unflatten([
@@ -246,6 +253,12 @@ def isolated(lay: Layout, inner_update: Callable[..., Any],
             if leaves is not None]
   rest = [s for s, leaves in zip(new_slots, lay.per_param) if leaves is None]
   return list(us)[0], shaped, rest
+
+
+def shared_slots(lay: Layout) -> list[Any]:
+  """The slots the parameters share (step counts), in order."""
+  return [slot for slot, leaves in zip(lay.slots, lay.per_param)
+          if leaves is None]
 
 
 def _tiles_of(lay: Layout, j: int, tile_size: int | None) -> int:
@@ -272,6 +285,7 @@ class _Run(NamedTuple):
   key_for: Callable[[int], jax.Array | None]
   rounding_for: Callable[[int], str]
   track_stalls: bool
+  kernel: str = 'xla'
 
   def roundings(self, entries) -> list[str]:
     return [self.rounding_for(i) for _, _, i in entries]
@@ -304,6 +318,7 @@ def update(
     rounding_for: Callable[[int], str],
     tile_size: int | None,
     track_stalls: bool,
+    kernel: str = 'xla',
 ) -> tuple[Any, Any, dict[int, jax.Array]] | None:
   """The inner update, one parameter leaf (and tile) at a time.
 
@@ -318,6 +333,11 @@ def update(
     rounding_for: Rounding of the quantized leaf at a flat index.
     tile_size: Most elements per tile, or None for no tiling.
     track_stalls: Whether to count unchanged codes.
+    kernel: How a tiled leaf's new state is made (``kernels.KERNELS``):
+      ``'xla'``, a loop over tiles; ``'pallas'``, one Pallas kernel
+      (interpreted where no accelerator compiles it; not with
+      ``track_stalls``); ``'auto'``, Pallas on a GPU or TPU where the
+      kernel lowers, else the loop.
 
   Returns:
     ``(new_updates, new_inner_state, {flat index: stalled fraction})``, or
@@ -337,7 +357,7 @@ def update(
     # never tiled, so tiled and untiled runs still agree.
     return None
   run = _Run(functools.partial(isolated, lay, inner_update, extra_args),
-             key_for, rounding_for, track_stalls)
+             key_for, rounding_for, track_stalls, kernel)
   results, stalled = {}, {}
   # Parameters that are not tiled: one isolated call each; then the large
   # ones, one tiled loop each.
@@ -383,10 +403,15 @@ def _tile_sources(entries, tiles: int) -> list[Any]:
   return out
 
 
-def _tile_step(run: _Run, entries, g_split, p_split, tiles: int,
-               tile_shape, t, src):
-  """Tile ``t``: decode, inner update, encode; ``(outputs, counts)``."""
-  src = jax.tree.map(lambda b: _take(b, t), src)
+def _tile_state(run: _Run, entries, g, p, src, tile_shape, keys, *,
+                row_stride: int, row_offset, **call_args):
+  """One tile's new state from its sources: decode, inner update, encode.
+
+  ``src`` holds, per entry, the tile's (codes bits, scales) of a `QArray`,
+  else its array; ``keys`` the entries' stochastic-rounding keys (None:
+  nearest). The tile is rows ``row_offset, row_offset + row_stride, ...``
+  of the leaf. Returns ``(outputs, unchanged counts)``.
+  """
   stored = []
   for (_, x, _), old in zip(entries, src):
     if qarray_lib.is_qarray(x):
@@ -394,20 +419,29 @@ def _tile_step(run: _Run, entries, g_split, p_split, tiles: int,
       old = QArray(_from_bits(codes, x.codes.dtype), scale, x.fmt,
                    tile_shape, x.dtype, x.scale_mode, x.block_size)
     stored.append(old)
-  _, shaped, _ = run.call(
-      _take(g_split, t), None if p_split is None else _take(p_split, t),
-      stored, run.roundings(entries))
+  _, shaped, _ = run.call(g, p, stored, run.roundings(entries), **call_args)
   outs, counts = [], []
-  for (_, x, i), q_old, n in zip(entries, stored, shaped):
+  for (_, x, _), q_old, n, key in zip(entries, stored, shaped, keys):
     if not qarray_lib.is_qarray(x):
       outs.append(n)
       continue
-    q = qarray_lib.encode_like(q_old, n, key=run.key_for(i),
-                               row_stride=tiles, row_offset=t)
+    q = qarray_lib.encode_like(q_old, n, key=key, row_stride=row_stride,
+                               row_offset=row_offset)
     outs.append((_to_bits(q.codes), q.scale))
     if run.track_stalls:
       counts.append(qarray_lib.unchanged_count(q_old, q))
   return outs, counts
+
+
+def _tile_step(run: _Run, entries, g_split, p_split, tiles: int,
+               tile_shape, t, src):
+  """Tile ``t`` of the strided split: ``(outputs, counts)``."""
+  return _tile_state(
+      run, entries, _take(g_split, t),
+      None if p_split is None else _take(p_split, t),
+      jax.tree.map(lambda b: _take(b, t), src), tile_shape,
+      [run.key_for(i) for _, _, i in entries], row_stride=tiles,
+      row_offset=t)
 
 
 def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
@@ -423,12 +457,17 @@ def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
   """
   g, p, entries = lay.grads[j], lay.param(j), lay.entries(j)
   shape = tuple(g.shape)
-  olds = _tile_sources(entries, tiles)
-  step = functools.partial(
-      _tile_step, run, entries, _split(g, tiles),
-      None if p is None else _split(p, tiles), tiles,
-      (shape[0] // tiles,) + shape[1:])
-  bufs, counts = _tile_loop(run, entries, step, olds, tiles)
+  bufs, counts = None, []
+  if run.kernel != 'xla' and not run.track_stalls:
+    bufs = _tile_kernel(run, lay, entries, g, p, tiles,
+                        required=run.kernel == 'pallas')
+  if bufs is None:
+    step = functools.partial(
+        _tile_step, run, entries, _split(g, tiles),
+        None if p is None else _split(p, tiles), tiles,
+        (shape[0] // tiles,) + shape[1:])
+    bufs, counts = _tile_loop(run, entries, step,
+                              _tile_sources(entries, tiles), tiles)
   u, _, rest = run.call(g, p, [x for _, x, _ in entries],
                         run.roundings(entries))
   shaped, count_it = [], iter(counts)
@@ -444,6 +483,79 @@ def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
     if run.track_stalls:
       stalled[i] = next(count_it) / jnp.float32(max(x.size, 1))
   return u, shaped, rest
+
+
+def _tile_kernel(run: _Run, lay: Layout, entries, g, p, tiles: int, *,
+                 required: bool):
+  """The new state of a tiled leaf by one Pallas kernel (see `kernels`).
+
+  Tiles are contiguous blocks of rows here (a grid cell each): the codes
+  are those of the strided loop, as blocks lie inside rows and the
+  rounding bits are drawn at global indices. Returns the entries' new
+  (codes bits, scales) or arrays, or None where ``'auto'`` keeps the loop
+  (no accelerator, a mesh, or a kernel that does not lower).
+  """
+  if not required and not kernels.accelerated():
+    return None
+  # Interpreted, the kernel's body is compiled with the rest of the step,
+  # so it keeps the isolation barrier; compiled on its own, it needs none.
+  interpret = kernels.interpret()
+  shape = tuple(g.shape)
+  rows = shape[0] // tiles
+  tile_shape = (rows,) + shape[1:]
+  # Tiled inputs: the gradient, the parameter, then per entry its codes
+  # bits and scales (or its array); the step rewrites the entries'.
+  tiled, layout = [g] + ([] if p is None else [p]), []
+  for _, x, _ in entries:
+    if qarray_lib.is_qarray(x):
+      parts = [_to_bits(x.codes)] + ([] if x.scale is None else [x.scale])
+    else:
+      parts = [x]
+    layout.append(list(range(len(tiled), len(tiled) + len(parts))))
+    tiled += parts
+  shared = shared_slots(lay)
+  shared_leaves, shared_def = jax.tree.flatten(shared)
+  keys = [run.key_for(i) for _, _, i in entries]
+  whole = [jnp.reshape(jnp.asarray(v), (-1,))
+           for v in shared_leaves + [k for k in keys if k is not None]]
+  outputs = [i for idx in layout for i in idx]
+
+  def step(t, values, whole_values):
+    it = iter(whole_values)
+    shared_tile = shared_def.unflatten([
+        next(it).reshape(jnp.shape(v)) for v in shared_leaves])
+    tile_keys = [None if k is None else next(it).reshape(()) for k in keys]
+    src = []
+    for (_, x, _), idx in zip(entries, layout):
+      if qarray_lib.is_qarray(x):
+        src.append((values[idx[0]],
+                    values[idx[1]] if len(idx) > 1 else None))
+      else:
+        src.append(values[idx[0]])
+    outs, _ = _tile_state(
+        run, entries, values[0], None if p is None else values[1], src,
+        tile_shape, tile_keys, row_stride=1, row_offset=t * rows,
+        shared=shared_tile, barrier=interpret)
+    flat = []
+    for out in outs:
+      flat += ([v for v in out if v is not None] if isinstance(out, tuple)
+               else [out])
+    return flat
+
+  run_kernel = functools.partial(
+      kernels.tile_map, step, outputs=outputs, tiles=tiles,
+      interpret_mode=interpret)
+  if not required and not kernels.lowers(run_kernel, (tiled, whole)):
+    return None
+  new = iter(run_kernel(tiled, whole))
+  bufs = []
+  for _, x, _ in entries:
+    if qarray_lib.is_qarray(x):
+      codes = next(new)
+      bufs.append((codes, next(new) if x.scale is not None else None))
+    else:
+      bufs.append(next(new))
+  return bufs
 
 
 def _tile_loop(run: _Run, entries, step, olds, tiles: int):

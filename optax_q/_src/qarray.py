@@ -332,19 +332,43 @@ _BIG_SCALE = 2.0**100
 _SPLIT = 2.0**-64
 
 
-def block_scale(absmax: jax.Array, target: jax.Array | float) -> jax.Array:
+def block_targets(fmt: Format, flagged: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+  """Per block, its target (`scale_target`, or the inner target where
+  ``flagged``: a block holding an infinity) and the target's reciprocal.
+
+  Both are selections between float32 constants rounded on the host: a
+  reciprocal computed in the step could be rewritten by the compiler into a
+  division in some shardings and fusions and not in others, which moves a
+  scale by one ulp between a sharded and an unsharded run.
+  """
+  _, _, inner = grid_extremes(fmt)
+  plain = np.float32(scale_target(fmt))
+  inner = np.float32(inner)
+  one = np.float32(1.0)
+  return (jnp.where(flagged, inner, plain),
+          jnp.where(flagged, one / inner, one / plain))
+
+
+def block_scale(absmax: jax.Array, target: jax.Array | float,
+                inverse: jax.Array | float | None = None) -> jax.Array:
   """``absmax / target``, rounded so that ``target * scale <= absmax``.
 
-  Computed as a product with the host-side reciprocal of ``target`` and at
-  most two steps down, so the same inputs give the same bits whatever the
-  shape of the array or the compiler's fusion, and decoding the largest code
-  (``target * scale``) never overflows to infinity.
+  Computed as a product with the reciprocal of ``target`` (``inverse``,
+  rounded on the host: see `block_targets`; by default that of a float
+  ``target``) and at most two steps down, so the same inputs give the same
+  bits whatever the shape of the array or the compiler's fusion, and
+  decoding the largest code (``target * scale``) never overflows to
+  infinity.
   """
+  if inverse is None:
+    inverse = np.float32(1.0) / np.float32(target) if isinstance(
+        target, float) else jnp.float32(1.0) / target
   target = jnp.asarray(target, jnp.float32)
   # A target below one (a block with an infinity in a grid whose inner
   # value is below one) may take a huge maximum past float32: saturate, and
   # let the encoder clip the values to the target.
-  scale = jnp.minimum(absmax * (jnp.float32(1.0) / target),
+  scale = jnp.minimum(absmax * jnp.asarray(inverse, jnp.float32),
                       jnp.float32(_F32_MAX))
   for _ in range(2):
     # One step towards zero is the bit pattern less one (the test holds
@@ -508,9 +532,7 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
   # scale is stored negated (sign bit set) to say so.
   absmax = finite_maximum(xb, is_inf, axis=-1)
   has_inf = jnp.any(is_inf, axis=-1)
-  _, _, inner = grid_extremes(fmt)
-  target = jnp.where(has_inf, jnp.float32(inner),
-                     jnp.float32(scale_target(fmt)))
+  target, inverse = block_targets(fmt, has_inf)
   u = (None if key is None
        else rounding_lib.uniform(key, xb.shape, **sr_rows))
   if scale_mode == 'block_pow2':
@@ -522,7 +544,7 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
     y = _expand(apply_inverse_scale(xb, group_maximum(stored)), steps, target)
     stored = jnp.where(has_inf, -stored, stored)
   else:
-    scale = block_scale(absmax, target)
+    scale = block_scale(absmax, target, inverse)
     y = apply_inverse_scale(xb, scale)
     stored = jnp.where(has_inf, -scale, scale)
   # A block's finite values stay inside its target (a saturated scale may
@@ -602,13 +624,10 @@ def _rank1_scales(x: jax.Array, maxima, fmt: Format):
   NaN decodes to NaN and an element with another slice free of NaN keeps
   its value.
   """
-  _, _, inner = grid_extremes(fmt)
   best = None
   for axis, (m, flag) in enumerate(maxima):
     m, flag = _along(m, x, axis), _along(flag, x, axis)
-    target = jnp.where(flag, jnp.float32(inner),
-                       jnp.float32(scale_target(fmt)))
-    scale = block_scale(m, target)
+    scale = block_scale(m, *block_targets(fmt, flag))
     shape = [1] * x.ndim
     shape[axis] = x.shape[axis]
     side = [a.reshape(shape) for a in (scale, *_reciprocal(scale), flag)]

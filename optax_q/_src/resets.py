@@ -978,6 +978,7 @@ def adam_with_resets(
     decay: float | None = None,
     s0: float = 0.6,
     track_stalls: bool = False,
+    kernel: str = 'auto',
 ) -> optax.GradientTransformationExtraArgs:
   r"""Adam's quantized moments with periodic, asymmetric or adaptive resets.
 
@@ -1021,6 +1022,8 @@ def adam_with_resets(
     track_stalls: Record per-leaf stalled fractions for
       [`stall_fraction`][optax_q.stall_fraction] (the adaptive rule does not
       need them).
+    kernel: ``'auto'``, ``'xla'`` or ``'pallas'``: how the tiled moments
+      are updated (see [`quantize_state`][optax_q.quantize_state]).
 
   Returns:
     A gradient transformation whose state is a
@@ -1062,5 +1065,5 @@ def adam_with_resets(
                               nesterov=nesterov),
       formats, rounding=rounding, block_size=block_size, seed=seed,
       min_size=min_size, scale_mode=scale_mode, elementwise=True,
-      track_stalls=track_stalls)
+      track_stalls=track_stalls, kernel=kernel)
   return reset_state(inner, periods, decay=decay, s0=s0, groups=groups)

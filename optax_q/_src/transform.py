@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_q._src import formats as formats_lib
+from optax_q._src import kernels
 from optax_q._src import leafwise
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import rounding as rounding_lib
@@ -198,6 +199,8 @@ class StorageConfig:
     elementwise: Whether the inner transform is elementwise (see
       [`quantize_state`][optax_q.quantize_state]).
     tile_size: Most elements per tile, or None.
+    kernel: How tiled leaves are updated: ``'auto'``, ``'xla'`` or
+      ``'pallas'`` (see [`quantize_state`][optax_q.quantize_state]).
     nonnegative_fields: Fields holding non-negative statistics.
 
   Examples:
@@ -216,6 +219,7 @@ class StorageConfig:
   elementwise: bool = False
   tile_size: int | None = DEFAULT_TILE_SIZE
   nonnegative_fields: frozenset[str] = NONNEGATIVE_FIELDS
+  kernel: str = 'auto'
 
   def __post_init__(self):
     nonnegative = frozenset(validation.check_names(
@@ -235,7 +239,13 @@ class StorageConfig:
         validation.check_scale_map(self.scale_mode),
         track_stalls=validation.check_bool(self.track_stalls, 'track_stalls'),
         elementwise=validation.check_bool(self.elementwise, 'elementwise'),
-        tile_size=tile_size)
+        tile_size=tile_size,
+        kernel=validation.check_choice(self.kernel, 'kernel',
+                                       kernels.KERNELS))
+    if checked['kernel'] == 'pallas' and checked['track_stalls']:
+      raise ValueError(
+          "kernel='pallas' does not count stalled codes: pass "
+          "track_stalls=False, or kernel='auto' or 'xla'.")
     _check_layouts(checked['formats'], checked['scale_mode'])
     for name, value in checked.items():
       object.__setattr__(self, name, value)
@@ -382,7 +392,7 @@ def _update_leafwise(step: _Step, updates, params, extra_args):
       step.inner_update, updates, step.treedef.unflatten(step.flat_old),
       params, extra_args, key_for=step.key_for,
       rounding_for=step.rounding_for, tile_size=step.config.tile_size,
-      track_stalls=step.config.track_stalls)
+      track_stalls=step.config.track_stalls, kernel=step.config.kernel)
   if result is None:
     return None
   new_updates, new_qstate, stall_at = result
@@ -453,6 +463,7 @@ def quantize_state(
     tile_size: int | None = DEFAULT_TILE_SIZE,
     nonnegative_fields: Sequence[str] = NONNEGATIVE_FIELDS,
     scale: str | None = None,
+    kernel: str = 'auto',
 ) -> optax.GradientTransformationExtraArgs:
   """Keeps the state of ``inner`` in low-precision formats.
 
@@ -522,6 +533,15 @@ def quantize_state(
       (a sequence of names; ``NONNEGATIVE_FIELDS`` by default): declare a
       new optimizer's, such as preconditioner statistics, here.
     scale: Deprecated name of ``scale_mode``.
+    kernel: With ``elementwise``, how a tiled parameter's new state is
+      made: ``'xla'``, a loop over its tiles that the compiler fuses;
+      ``'pallas'``, one Pallas kernel per parameter that decodes, updates,
+      takes the block maxima and encodes each tile in one pass (Triton on
+      GPU, Mosaic on TPU; interpreted on CPU, for tests; not with
+      ``track_stalls``); ``'auto'`` (default), Pallas on a GPU or TPU for
+      the leaves whose kernel lowers there, with one device's arrays (a
+      single device, or inside ``shard_map``), else XLA. The codes are
+      the same either way.
 
   Returns:
     A gradient transformation whose state is a
@@ -557,7 +577,7 @@ def quantize_state(
       formats=formats, rounding=rounding, seed=seed, min_size=min_size,
       block_size=block_size, scale_mode=scale_mode, track_stalls=track_stalls,
       elementwise=elementwise, tile_size=tile_size,
-      nonnegative_fields=nonnegative_fields)
+      nonnegative_fields=nonnegative_fields, kernel=kernel)
   config.check_fields(inner)
   return optax.GradientTransformationExtraArgs(
       functools.partial(_init, config, inner),

@@ -1,0 +1,224 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The Pallas tile kernel of the leafwise update (interpreted on CPU).
+
+Reference: the XLA loop over tiles (``kernel='xla'``), whose codes the
+kernel must reproduce bit for bit; the loop itself is checked against the
+whole-tree path in test_leafwise.py.
+"""
+
+import functools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import optax_q
+from optax_q._src import kernels
+import pytest
+
+import helpers
+
+
+def _params():
+  keys = jax.random.split(jax.random.key(3), 4)
+  return {
+      'big': jax.random.normal(keys[0], (21, 384)) * 0.1,  # 3 tiles of 7
+      'rank3': jax.random.normal(keys[1], (12, 5, 96)),  # 2 tiles
+      'small': jax.random.normal(keys[3], (200,)),  # not tiled
+  }
+
+
+def _grads(i, params):
+  g = jax.tree.map(lambda x: jnp.sin(x * (i + 1)) * 0.01, params)
+  if i == 1:  # An infinity and a huge finite value in one block.
+    g['big'] = g['big'].at[3, 5].set(jnp.inf).at[7, 9].set(3e38)
+  return g
+
+
+def _run(tx, params, steps=2):
+  state = tx.init(params)
+  step = jax.jit(lambda g, s, p: tx.update(g, s, p))
+  updates = []
+  for i in range(steps):
+    u, state = step(_grads(i, params), state, params)
+    updates.append(u)
+  return updates, state
+
+
+def _storage(inner, fmt, kernel, **kwargs):
+  return optax_q.quantize_state(
+      inner, fmt, min_size=0, elementwise=True, tile_size=4096,
+      track_stalls=False, kernel=kernel, **kwargs)
+
+
+def _uses_kernel(tx, params) -> bool:
+  state = tx.init(params)
+  jaxpr = jax.make_jaxpr(lambda g, s, p: tx.update(g, s, p))(
+      params, state, params)
+  return 'pallas_call' in str(jaxpr)
+
+
+class KernelMatchesLoopTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('fp8_e4m3_nearest', 'fp8_e4m3', 'nearest'),
+      ('int8_dynamic_stochastic', 'int8_dynamic', 'stochastic'),
+      ('int4_stochastic', 'int4', 'stochastic'),
+      ('fp4_e2m1_nearest', 'fp4_e2m1', 'nearest'),
+      ('nf4_stochastic', 'nf4', 'stochastic'),
+      ('int8_nearest', 'int8', 'nearest'),
+  )
+  def test_adam_state_and_updates_bit_for_bit(self, fmt, rounding):
+    self._check_adam(fmt, rounding)
+
+  @parameterized.product(
+      fmt=['fp8_e4m3', 'fp8_e5m2', 'int8_dynamic', 'int4', 'fp4_e2m1',
+           'nf4', 'int8'],
+      rounding=['nearest', 'stochastic'])
+  @pytest.mark.slow
+  def test_adam_every_format_and_rounding(self, fmt, rounding):
+    self._check_adam(fmt, rounding)
+
+  def _check_adam(self, fmt, rounding):
+    params = _params()
+    loop = _run(_storage(optax.scale_by_adam(), fmt, 'xla',
+                         rounding=rounding), params)
+    kernel = _run(_storage(optax.scale_by_adam(), fmt, 'pallas',
+                           rounding=rounding), params)
+    helpers.assert_trees_equal(kernel, loop)
+
+  @parameterized.named_parameters(
+      ('nf4_pow2', optax.scale_by_adam, 'nf4', dict(scale_mode='block_pow2')),
+      ('fp8_dre', optax.scale_by_adam, 'fp8_e4m3_dre', {}),
+      ('nf3_packed', optax.scale_by_adam, 'nf3', {}),
+      ('int8_rows', optax.scale_by_adam, 'int8', dict(scale_mode='row')),
+      ('e5m2_block64', optax.scale_by_adam, 'fp8_e5m2', dict(block_size=64)),
+      ('lion', optax.scale_by_lion, 'fp8_e4m3', {}),
+      ('trace', functools.partial(optax.trace, 0.9), 'int8_dynamic', {}),
+  )
+  def test_layouts_and_inner_transforms(self, inner, fmt, kwargs):
+    params = _params()
+    loop = _run(_storage(inner(), fmt, 'xla', **kwargs), params)
+    kernel = _run(_storage(inner(), fmt, 'pallas', **kwargs), params)
+    helpers.assert_trees_equal(kernel, loop)
+
+  def test_drop_in_step_with_donation(self):
+    params = _params()
+    results = []
+    for kernel in ('xla', 'pallas'):
+      tx = optax_q.adamw(1e-2, mu_format='fp8_e4m3', nu_format='int4',
+                         min_size=0, kernel=kernel)
+      p, state = params, tx.init(params)
+      step = jax.jit(helpers.step_fn(tx), donate_argnums=(0, 1))
+      p = jax.tree.map(jnp.copy, p)
+      for i in range(3):
+        p, state = step(p, state, _grads(i, params))
+      results.append((p, state))
+    helpers.assert_trees_equal(results[1], results[0])
+
+  def test_huge_and_tiny_gradients_finite_state(self):
+    # Magnitudes up to where Adam's own float32 g**2 stays finite, down to
+    # float32 subnormals: the state stays finite, and equals the loop's.
+    params = {'w': jax.random.normal(jax.random.key(0), (32, 256))}
+    states = []
+    for kernel in ('xla', 'pallas'):
+      tx = _storage(optax.scale_by_adam(), 'fp8_e4m3', kernel)
+      state = tx.init(params)
+      for scale in (1e18, 1e-30, 1e-44, 1.0):
+        _, state = jax.jit(tx.update)(
+            jax.tree.map(lambda x, s=scale: x * s, params), state, params)
+      for field in ('mu', 'nu'):
+        q = getattr(state.inner_state, field)['w']
+        self.assertTrue(
+            np.all(np.isfinite(np.asarray(optax_q.dequantize(q)))), field)
+      states.append(state)
+    helpers.assert_trees_equal(states[1], states[0])
+
+
+class KernelChoiceTest(absltest.TestCase):
+
+  def test_pallas_puts_a_kernel_in_the_step(self):
+    params = _params()
+    self.assertTrue(_uses_kernel(
+        _storage(optax.scale_by_adam(), 'fp8_e4m3', 'pallas'), params))
+    self.assertFalse(_uses_kernel(
+        _storage(optax.scale_by_adam(), 'fp8_e4m3', 'xla'), params))
+
+  def test_auto_keeps_the_loop_on_cpu(self):
+    self.assertFalse(kernels.accelerated())
+    self.assertFalse(_uses_kernel(
+        optax_q.adamw(1e-3, mu_format='fp8', nu_format='fp8', min_size=0),
+        _params()))
+
+  def test_auto_takes_the_kernel_where_it_lowers(self):
+    params = _params()
+    tx = _storage(optax.scale_by_adam(), 'int4', 'auto')
+    with absltest.mock.patch.object(kernels, 'accelerated', lambda: True):
+      self.assertTrue(_uses_kernel(tx, params))
+      with absltest.mock.patch.object(kernels, 'lowers',
+                                      lambda *args: False):
+        self.assertFalse(_uses_kernel(tx, params))
+
+  def test_stall_telemetry_keeps_the_loop(self):
+    tx = optax_q.quantize_state(
+        optax.scale_by_adam(), 'fp8_e4m3', min_size=0, elementwise=True,
+        tile_size=4096, track_stalls=True)
+    with absltest.mock.patch.object(kernels, 'accelerated', lambda: True):
+      self.assertFalse(_uses_kernel(tx, _params()))
+
+  def test_lowers(self):
+    x = jnp.ones((4,))
+    self.assertTrue(kernels.lowers(lambda a: a * 2, (x,)))
+
+    def bad(a):
+      raise NotImplementedError('no lowering')
+    self.assertFalse(kernels.lowers(bad, (x,)))
+
+  def test_bad_arguments(self):
+    for bad in ('gpu', 'PALLAS', None, 1, True):
+      with self.assertRaisesRegex(ValueError, 'kernel must be one of'):
+        optax_q.adamw(1e-3, kernel=bad)
+      with self.assertRaisesRegex(ValueError, 'kernel must be one of'):
+        optax_q.quantize_state(optax.scale_by_adam(), kernel=bad)
+    with self.assertRaisesRegex(ValueError, 'track_stalls=False'):
+      optax_q.quantize_state(optax.scale_by_adam(), kernel='pallas')
+    with self.assertRaisesRegex(ValueError, 'track_stalls=False'):
+      optax_q.adamw(1e-3, kernel='pallas', track_stalls=True)
+    with self.assertRaisesRegex(ValueError, 'arguments of the optimizer'):
+      optax_q.adamw(1e-3, bits={'kernel': 'pallas'})
+
+
+class TileMapTest(absltest.TestCase):
+
+  def test_tiles_constants_and_shared_inputs(self):
+    table = np.arange(8, dtype=np.float32) ** 2  # A captured constant.
+    x = jnp.arange(6 * 8, dtype=jnp.int32).reshape(6, 8) % 8
+    y = jnp.zeros((6, 8), jnp.float32)
+    shift = jnp.asarray([5.0])
+
+    def step(t, values, whole):
+      codes, _ = values
+      return [jnp.asarray(table)[codes] + whole[0] + t.astype(jnp.float32)]
+
+    (out,) = kernels.tile_map(step, [x, y], [shift], outputs=[1], tiles=3,
+                              interpret_mode=True)
+    want = table[np.asarray(x)] + 5.0 + np.repeat(np.arange(3), 2)[:, None]
+    np.testing.assert_array_equal(np.asarray(out), want)
+
+
+if __name__ == '__main__':
+  absltest.main()
