@@ -157,6 +157,22 @@ class ShardedUpdateTest(parameterized.TestCase):
       else:
         self.assertGreater(np.mean(np.asarray(a) == np.asarray(b)), 0.999)
 
+  def test_pallas_tile_kernel_on_a_mesh(self):
+    # The kernel (interpreted here) on sharded leaves gives the XLA loop's
+    # bits on the same mesh (on accelerators 'auto' keeps the loop under a
+    # mesh; the kernel is for one device's arrays, or inside shard_map).
+    runs = []
+    for kernel in ('xla', 'pallas'):
+      tx = optax.chain(
+          optax_q.quantize_state(
+              optax.scale_by_adam(), {'mu': 'int4', 'nu': 'fp8_e4m3'},
+              rounding='stochastic', block_size=32, min_size=0,
+              elementwise=True, tile_size=4096, track_stalls=False,
+              kernel=kernel),
+          optax.scale(-1e-2))
+      runs.append(_run_both(tx, PARAMS)[0])
+    helpers.assert_trees_equal(runs[1], runs[0])
+
   def test_last_axis_indivisible_after_blocking(self):
     # 96 / 32 = 3 blocks, which the 2-way 'model' axis can't split.
     layout = {'odd': ((64, 96), P('data', 'model')),
