@@ -212,6 +212,16 @@ def jax_configs() -> list[tuple[str, Callable[[], Any]]]:
                                    track_stalls=False),
             optax.add_decayed_weights(WEIGHT_DECAY),
             optax.scale_by_learning_rate(LR))))
+  # On a GPU or TPU: the tiled moments by the XLA loop and by the Pallas
+  # kernel, side by side (on CPU the kernel only runs interpreted).
+  if jax.default_backend() in ('gpu', 'tpu'):
+    for fmt in ('fp8_e4m3', 'int8_dynamic', 'int4'):
+      for kernel in ('xla', 'pallas'):
+        configs.append((
+            f'optax_q {fmt} nearest, kernel={kernel}',
+            lambda fmt=fmt, kernel=kernel: q(
+                mu_format=fmt, nu_format=fmt, rounding='nearest',
+                kernel=kernel, **kw)))
   configs += second_order_configs(kw)
   return configs
 
@@ -229,7 +239,31 @@ MAIN_ROWS = frozenset(
     + [f'optax_q {fmt} stochastic, track_stalls=True'
        for fmt in ('bf16', 'fp8_e4m3')]
     + [f'optax_q {fmt} stochastic, whole-tree path'
-       for fmt in ('fp8_e4m3', 'int8_dynamic')])
+       for fmt in ('fp8_e4m3', 'int8_dynamic')]
+    + [f'optax_q {fmt} nearest, kernel={kernel}'
+       for fmt in ('fp8_e4m3', 'int8_dynamic', 'int4')
+       for kernel in ('xla', 'pallas')])
+
+
+def retain_freed_memory() -> str:
+  """Makes glibc serve every allocation from its heap and keep freed memory.
+
+  By default glibc maps each large block (a compiled step's temporaries)
+  fresh from the kernel and unmaps it when freed, so every step faults its
+  temporaries' pages in again; in a virtual machine that can cost more than
+  the step's arithmetic. Returns what was done, for the result's notes.
+  """
+  import ctypes  # pylint: disable=g-import-not-at-top
+  try:
+    libc = ctypes.CDLL('libc.so.6')
+  except OSError as e:
+    return f'not glibc ({e}): allocator unchanged'
+  m_trim_threshold, m_mmap_max = -1, -4
+  ok = (libc.mallopt(m_mmap_max, 0)
+        and libc.mallopt(m_trim_threshold, 2**31 - 1))
+  return ('glibc mallopt(M_MMAP_MAX=0, M_TRIM_THRESHOLD=2^31-1): freed '
+          'memory stays in the heap' if ok else 'mallopt refused: allocator '
+          'unchanged')
 
 
 def second_order_configs(kw) -> list[tuple[str, Callable[[], Any]]]:
@@ -454,6 +488,7 @@ def render_markdown(result: dict[str, Any], stem: str) -> str:
       f"{result['mode']} mode, d={result['d']}, {result['layers']} layers, "
       f"{result['params'] / 1e6:.1f}M params.  \n"
       f"Machine: {result['machine']}.  \n"
+      f"Allocator: {result.get('allocator', 'default')}.  \n"
       f'Copy bandwidth (read + write) measured in the same run: '
       f"{result['copy_gbps']:.1f} GB/s.\n\n"
       f'![step time against {BASELINE}, state MiB]({stem}.png)\n\n'
@@ -485,6 +520,11 @@ def make_parser() -> argparse.ArgumentParser:
                       help='smoke test: tiny model, no torchao/bitsandbytes')
   parser.add_argument('--no-peers', action='store_true',
                       help='skip PyTorch, torchao and bitsandbytes')
+  parser.add_argument(
+      '--allocator', choices=('default', 'retain'), default='default',
+      help="'retain': glibc keeps freed memory in its heap, so that a "
+      "step's temporaries are not faulted in afresh every step (default: "
+      '%(default)s)')
   parser.add_argument('--only', default='',
                       help='comma-separated substrings; keep the rows of the full '
                       'list (low-bit codecs, layouts, Shampoo and SOAP included) '
@@ -517,6 +557,8 @@ def main(argv=None) -> dict[str, Any]:
   if args.quick:
     args.d, args.layers, args.rounds = 64, 2, 2
   mode = 'quick' if args.quick else 'full'
+  allocator = ('default' if args.allocator == 'default'
+               else retain_freed_memory())
 
   shapes = param_shapes(args.d, args.layers)
   n = sum(math.prod(s) for s in shapes.values())
@@ -598,6 +640,7 @@ def main(argv=None) -> dict[str, Any]:
       rounds=args.rounds, steps_per_optimizer=args.steps,
       copy_gbps=round(copy_gbps, 3),
       copy_bytes=copy.traffic,
+      allocator=allocator,
       rows=out_rows,
       notes=notes,
   )

@@ -407,13 +407,16 @@ def _reciprocal(scale: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _encode_values(
     y: jax.Array, fmt: Format, u: jax.Array | None,
-    positive: jax.Array | None = None,
+    positive: jax.Array | None = None, clipped: bool = False,
 ) -> jax.Array:
   """Encodes scaled float32 values ``y`` into unpacked codes of ``fmt``.
 
   ``positive`` marks the inputs that were positive before scaling (by
   default ``y > 0``): with ``fmt.positive_floor`` they never encode to zero,
-  even where scaling underflowed them.
+  even where scaling underflowed them. ``clipped`` says that no magnitude
+  of ``y`` exceeds the format's largest (block-scaled values clipped to
+  their target, infinities marked at the grid's ends): rounding to nearest
+  then needs no saturation.
   """
   if fmt.positive_floor:
     # Positive values never round to zero (second moments); NaN stays NaN.
@@ -427,7 +430,8 @@ def _encode_values(
       # Saturate; the fp8 encoder then rounds half to even with correct
       # subnormals. e4m3fn has no infinity: an unclipped overflow would
       # become NaN.
-      y = rounding_lib.saturate(y, fmt.max_value)
+      if not clipped:
+        y = rounding_lib.saturate(y, fmt.max_value)
     elif native and u is None and fmt.exponent_bits == 8:
       # bf16: round explicitly before the cast. Under jit, XLA may drop a
       # float32 -> bf16 -> float32 round trip (excess precision), which
@@ -551,15 +555,28 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
   # leave them above it), so that only infinities take the end codes.
   limit = target[..., None]
   y = _mark_infinities(jnp.clip(y, -limit, limit), xb, fmt)
-  codes = _encode_values(y, fmt, u, positive=xb > 0)
+  codes = _encode_values(y, fmt, u, positive=xb > 0, clipped=True)
   return _unblocked(codes, xf), stored
 
 
 def _mark_infinities(y: jax.Array, x: jax.Array, fmt: Format) -> jax.Array:
   """Scaled values ``y`` with the infinities of ``x`` at the grid's end
-  code of their sign (beyond the grid, so they round onto it)."""
-  end = jnp.float32(min(2.0 * fmt.max_value, _F32_MAX))
-  return jnp.where(jnp.isinf(x), jnp.copysign(end, x), y)
+  value of their sign (on the grid, so no saturation is needed for them).
+
+  The test and the choice read ``x``'s bit pattern (an infinity is the
+  pattern ``0x7F800000`` under the sign bit): compares and a select that
+  the compiler vectorizes inside the encoder's loop. An unsigned grid has
+  no negative end: a negative infinity goes below it, and rounds onto its
+  lowest value.
+  """
+  lo, hi, _ = grid_extremes(fmt)
+  if not fmt.signed:
+    lo = -min(2.0 * fmt.max_value, _F32_MAX)
+  bits = lax.bitcast_convert_type(x, jnp.uint32)
+  inf = (bits & jnp.uint32(0x7FFFFFFF)) == jnp.uint32(0x7F800000)
+  end = jnp.where(bits >= jnp.uint32(0x80000000), np.float32(lo),
+                  np.float32(hi))
+  return jnp.where(inf, end, y)
 
 
 def _restore_infinities(out: jax.Array, y: jax.Array, magnitude: jax.Array,
