@@ -577,12 +577,28 @@ def _tile_loop(run: _Run, entries, step, olds, tiles: int):
       qarray_lib.is_qarray(x)
       and rounding_lib.bucketed(x.fmt.table, space=x.fmt.space)
       for _, x, _ in entries)
+  own_buffer = any(qarray_lib.is_qarray(x) and x.fmt.packed
+                   for _, x, _ in entries)
   carry0 = (olds if in_place else jax.tree.map(full, out_shapes),
             [jnp.zeros((), jnp.float32) for _ in count_shapes])
 
   def body(t, carry):
     bufs, counts = carry
-    outs, new_counts = step(t, bufs if in_place else olds)
+    src = bufs if in_place else olds
+    if own_buffer:
+      # A conditional whose predicate always holds: the tile's new state is
+      # then computed into a buffer of its own, by fusions the compiler
+      # runs on all cores, and copied into place; fused into the in-place
+      # update it runs on one core (XLA:CPU does not split in-place
+      # fusions). Measured side by side on one 2048 x 2048 leaf: int4
+      # 19.6 -> 15.1 ms (nearest) and 22.9 -> 17.1 ms (stochastic); fp8
+      # unchanged; int8_dynamic 10% slower, so only packed codes take it.
+      outs, new_counts = lax.cond(
+          t >= 0, lambda: step(t, src),
+          lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                               (out_shapes, count_shapes)))
+    else:
+      outs, new_counts = step(t, src)
     bufs = jax.tree.map(
         lambda b, v: lax.dynamic_update_index_in_dim(
             b, v.astype(b.dtype), t, axis=1), bufs, outs)

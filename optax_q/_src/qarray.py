@@ -534,8 +534,7 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
   # The scale follows the finite values (NaN propagates into it); an
   # infinity takes the grid's end code of its sign, and its block's
   # scale is stored negated (sign bit set) to say so.
-  absmax = finite_maximum(xb, is_inf, axis=-1)
-  has_inf = jnp.any(is_inf, axis=-1)
+  absmax, has_inf = finite_maxima(xb, is_inf, axis=-1)
   target, inverse = block_targets(fmt, has_inf)
   u = (None if key is None
        else rounding_lib.uniform(key, xb.shape, **sr_rows))
@@ -601,18 +600,26 @@ def _restore_infinities(out: jax.Array, y: jax.Array, magnitude: jax.Array,
 # block's scale is.
 
 
-def finite_maximum(x: jax.Array, is_inf: jax.Array, axis: int) -> jax.Array:
-  """The largest finite magnitude along ``axis`` (0 if none), NaN where a
-  NaN is there.
+def finite_maxima(x: jax.Array, is_inf: jax.Array, axis
+                  ) -> tuple[jax.Array, jax.Array]:
+  """The largest finite magnitude along ``axis`` (0 if none; NaN where a
+  NaN is there), and whether an infinity is there.
 
-  A NaN is counted as an infinity and the result mapped back: XLA's CPU
-  maximum reduction drops NaNs from rows of 256 and more (vectorized), which
-  would hide a NaN in some shapes and not in others.
+  One pass: both are maxima of one variadic reduction (XLA:CPU emits two
+  separate ones, reading the values twice, for a maximum and an ``any``).
+  A NaN is counted as an infinity in the magnitudes and mapped back: XLA's
+  CPU maximum reduction drops NaNs from rows of 256 and more (vectorized),
+  which would hide a NaN in some shapes and not in others.
   """
   mag = jnp.where(jnp.isnan(x), jnp.float32(jnp.inf),
                   jnp.where(is_inf, jnp.float32(0), jnp.abs(x)))
-  top = jnp.max(mag, axis=axis, initial=0.0)
-  return jnp.where(jnp.isinf(top), jnp.float32(jnp.nan), top)
+  axes = tuple(a % x.ndim for a in (axis if isinstance(axis, tuple)
+                                    else (axis,)))
+  zero = jnp.float32(0)
+  top, flag = lax.reduce(
+      (mag, is_inf.astype(jnp.float32)), (zero, zero),
+      lambda a, b: (jnp.maximum(a[0], b[0]), jnp.maximum(a[1], b[1])), axes)
+  return jnp.where(jnp.isinf(top), jnp.float32(jnp.nan), top), flag > 0
 
 
 def _rank1_maxima(xf: jax.Array):
@@ -622,8 +629,7 @@ def _rank1_maxima(xf: jax.Array):
   out = []
   for axis in range(xf.ndim):
     others = tuple(a for a in range(xf.ndim) if a != axis)
-    out.append((finite_maximum(xf, is_inf, axis=others),
-                jnp.any(is_inf, axis=others)))
+    out.append(finite_maxima(xf, is_inf, axis=others))
   return out
 
 
