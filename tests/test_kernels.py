@@ -198,6 +198,9 @@ class KernelChoiceTest(absltest.TestCase):
       optax_q.quantize_state(optax.scale_by_adam(), kernel='pallas')
     with self.assertRaisesRegex(ValueError, 'track_stalls=False'):
       optax_q.adamw(1e-3, kernel='pallas', track_stalls=True)
+    with self.assertRaisesRegex(ValueError, 'elementwise=True'):
+      optax_q.quantize_state(optax.scale_by_adam(), kernel='pallas',
+                             track_stalls=False)
     with self.assertRaisesRegex(ValueError, 'arguments of the optimizer'):
       optax_q.adamw(1e-3, bits={'kernel': 'pallas'})
 

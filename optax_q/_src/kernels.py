@@ -146,9 +146,9 @@ def tile_map(
 def lowers(fn: Callable[..., Any], args: Sequence[Any]) -> bool:
   """Whether ``fn`` compiles for ``args``' shapes on this backend.
 
-  ``'auto'`` asks this once per tiled leaf, at trace time, before it puts
-  a kernel into the step: a kernel that does not lower leaves the step on
-  the XLA loop instead of failing it.
+  ``'auto'`` asks this at trace time, before it puts a kernel into the
+  step: a kernel that does not lower leaves the step on the XLA loop
+  instead of failing it.
   """
   avals = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)),

@@ -286,6 +286,7 @@ class _Run(NamedTuple):
   rounding_for: Callable[[int], str]
   track_stalls: bool
   kernel: str = 'xla'
+  lowered: dict[Any, bool] | None = None  # ``'auto'``: kernels that lower.
 
   def roundings(self, entries) -> list[str]:
     return [self.rounding_for(i) for _, _, i in entries]
@@ -357,7 +358,7 @@ def update(
     # never tiled, so tiled and untiled runs still agree.
     return None
   run = _Run(functools.partial(isolated, lay, inner_update, extra_args),
-             key_for, rounding_for, track_stalls, kernel)
+             key_for, rounding_for, track_stalls, kernel, {})
   results, stalled = {}, {}
   # Parameters that are not tiled: one isolated call each; then the large
   # ones, one tiled loop each.
@@ -545,8 +546,18 @@ def _tile_kernel(run: _Run, lay: Layout, entries, g, p, tiles: int, *,
   run_kernel = functools.partial(
       kernels.tile_map, step, outputs=outputs, tiles=tiles,
       interpret_mode=interpret)
-  if not required and not kernels.lowers(run_kernel, (tiled, whole)):
-    return None
+  if not required:
+    # One compile per kernel of the step: parameters of one shape whose
+    # states have the same layout and rounding share it.
+    signature = (tiles, tuple(run.roundings(entries)), tuple(
+        (x.fmt, x.scale_mode, x.block_size, x.dtype, k is None)
+        if qarray_lib.is_qarray(x) else None
+        for (_, x, _), k in zip(entries, keys)), tuple(
+            (jnp.shape(a), jnp.result_type(a)) for a in tiled + whole))
+    if signature not in run.lowered:
+      run.lowered[signature] = kernels.lowers(run_kernel, (tiled, whole))
+    if not run.lowered[signature]:
+      return None
   new = iter(run_kernel(tiled, whole))
   bufs = []
   for _, x, _ in entries:

@@ -246,6 +246,11 @@ class StorageConfig:
       raise ValueError(
           "kernel='pallas' does not count stalled codes: pass "
           "track_stalls=False, or kernel='auto' or 'xla'.")
+    if checked['kernel'] == 'pallas' and not checked['elementwise']:
+      raise ValueError(
+          "kernel='pallas' runs the tiles of the per-parameter path: pass "
+          "elementwise=True (for an elementwise inner transform), or "
+          "kernel='auto' or 'xla'.")
     _check_layouts(checked['formats'], checked['scale_mode'])
     for name, value in checked.items():
       object.__setattr__(self, name, value)
