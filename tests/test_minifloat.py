@@ -29,6 +29,7 @@ import numpy as np
 
 import optax_q
 from optax_q._src import minifloat
+from optax_q._src import rounding
 
 _DTYPES = {
     'float8_e4m3fn': ml_dtypes.float8_e4m3fn,
@@ -89,6 +90,35 @@ class MinifloatTest(parameterized.TestCase):
     self.assertEqual(
         mismatch.size, 0,
         msg=f'{mismatch.size} mismatches, e.g. {values[~nan][mismatch[:5]]}')
+
+  @parameterized.parameters('float8_e4m3fn', 'float8_e5m2')
+  def test_stochastic_encode_matches_grid_rounding(self, name):
+    # Reference: round_float_grid (float arithmetic, from the same draws),
+    # then the encoder to nearest. Unclipped values too: finite ones past
+    # the largest saturate, including near float32's maximum.
+    dtype = _DTYPES[name]
+    values = _probe_values(dtype)[::2]
+    values = np.concatenate([values, values * np.float32(1.07), np.array(
+        [3e38, -3e38, 1e-40, -1e-45], np.float32)])
+    layout = minifloat.layout_of(name)
+    fmax = float(ml_dtypes.finfo(dtype).max)
+    rng = np.random.default_rng(1)
+    draws = [rng.integers(0, 2**24, values.size).astype(np.float32) * 2**-24,
+             np.zeros(values.size, np.float32),
+             np.full(values.size, 1 - 2**-24, np.float32)]
+    fused = jax.jit(lambda y, u: minifloat.encode(
+        y, **layout, u=u, max_value=fmax))
+    reference = jax.jit(lambda y, u: minifloat.encode(
+        rounding.round_float_grid(
+            y, exponent_bits=layout['exponent_bits'],
+            mantissa_bits=layout['mantissa_bits'], max_value=fmax, u=u),
+        **layout))
+    for u in draws:
+      got, want = np.asarray(fused(values, u)), np.asarray(reference(values, u))
+      mismatch = np.flatnonzero(got != want)
+      self.assertEqual(
+          mismatch.size, 0,
+          msg=f'{mismatch.size} mismatches, e.g. {values[mismatch[:5]]}')
 
   def test_infinity_without_inf_code_is_nan(self):
     codes = minifloat.encode(jnp.array([np.inf, -np.inf], jnp.float32),

@@ -32,6 +32,8 @@ of the top exponent is finite.
 
 from __future__ import annotations
 
+import math
+
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -68,13 +70,20 @@ def _layout(exponent_bits: int, mantissa_bits: int) -> tuple[int, int]:
 
 
 def encode(
-    y: jax.Array, *, exponent_bits: int, mantissa_bits: int, has_inf: bool
+    y: jax.Array, *, exponent_bits: int, mantissa_bits: int, has_inf: bool,
+    u: jax.Array | None = None, max_value: float | None = None,
 ) -> jax.Array:
-  """uint8 codes of float32 ``y``, rounding half to even.
+  """uint8 codes of float32 ``y``, rounding half to even, or stochastically.
 
-  ``y`` must already be saturated: finite values at most the format's
-  largest finite magnitude (the caller clips); infinities become the
-  infinity code with ``has_inf`` and NaN without, NaN stays NaN.
+  To nearest (``u`` None), ``y`` must already be saturated: finite values
+  at most the format's largest finite magnitude (the caller clips).
+  Stochastically, ``u`` holds uniform [0, 1) draws with 24 random bits (as
+  `rounding.uniform`), and finite magnitudes that round past
+  ``max_value`` saturate to it: the codes are those of
+  `rounding.round_float_grid` followed by this encoder to nearest, from
+  the same draws (checked in the tests), without the float arithmetic of
+  the grid rounding. Infinities become the infinity code with ``has_inf``
+  and NaN without, NaN stays NaN.
   """
   bias, drop = _layout(exponent_bits, mantissa_bits)
   bits = lax.bitcast_convert_type(jnp.asarray(y, jnp.float32), _U32)
@@ -82,19 +91,43 @@ def encode(
   a = bits & _U32(0x7FFFFFFF)
   # Normal range: round the float32 pattern to M mantissa bits (half to
   # even), then move the exponent from float32's bias to the format's.
-  rounded = a + _U32((1 << (drop - 1)) - 1) + ((a >> drop) & _U32(1))
+  # Stochastically: add the top ``drop`` of the 24 random bits below the
+  # kept ones and truncate; that goes up exactly when ``u >= 1 - frac``
+  # (``frac``, the dropped fraction, has ``drop <= 24`` bits).
+  if u is None:
+    rounded = a + _U32((1 << (drop - 1)) - 1) + ((a >> drop) & _U32(1))
+  else:
+    random = (u * jnp.float32(2.0**24)).astype(_U32)
+    rounded = a + (random >> (24 - drop))
   normal = (rounded >> drop) - _U32((_F32_EXP_BIAS - bias) << mantissa_bits)
   # Subnormal range: the code is |y| in units of the smallest subnormal.
   unit = 2.0 ** (bias - 1 + mantissa_bits)
-  sub = jnp.round(lax.bitcast_convert_type(a, jnp.float32)
-                  * jnp.float32(unit)).astype(_U32)
+  scaled = lax.bitcast_convert_type(a, jnp.float32) * jnp.float32(unit)
+  if u is None:
+    sub = jnp.round(scaled)
+  else:
+    # As `rounding.round_int`: up with probability ``frac``.
+    low = jnp.floor(scaled)
+    sub = low + (u >= jnp.float32(1.0) - (scaled - low)).astype(jnp.float32)
   min_normal_bits = (_F32_EXP_BIAS + 1 - bias) << _F32_MANT
-  code = jnp.where(a < _U32(min_normal_bits), sub, normal)
+  code = jnp.where(a < _U32(min_normal_bits), sub.astype(_U32), normal)
+  if u is not None:
+    code = jnp.minimum(code, _U32(_magnitude_code(
+        max_value, exponent_bits=exponent_bits, mantissa_bits=mantissa_bits)))
   nan_code = _U32(0x7F)
   inf_code = _U32(0x7F - ((1 << mantissa_bits) - 1)) if has_inf else nan_code
   code = jnp.where(a >= _U32(0x7F800000),
                    jnp.where(a == _U32(0x7F800000), inf_code, nan_code), code)
   return (code | sign).astype(jnp.uint8)
+
+
+def _magnitude_code(value: float, *, exponent_bits: int,
+                    mantissa_bits: int) -> int:
+  """The code (sign bit clear) of a positive normal ``value`` of the grid."""
+  bias, _ = _layout(exponent_bits, mantissa_bits)
+  e = math.floor(math.log2(value))
+  mantissa = round((value / 2.0**e - 1.0) * 2**mantissa_bits)
+  return ((e + bias) << mantissa_bits) | mantissa
 
 
 def decode(

@@ -426,6 +426,13 @@ def _encode_values(
     if fmt.is_identity:
       return y
     native = fmt.bits == 8 * fmt.dtype.itemsize
+    layout = minifloat.layout_of(fmt.dtype) if native else None
+    if layout is not None and u is not None:
+      # fp8, stochastically: the bit-level encoder rounds with the draws
+      # itself (the codes of ``round_float_grid`` then the encoder).
+      return lax.bitcast_convert_type(
+          minifloat.encode(y, **layout, u=u, max_value=fmt.max_value),
+          fmt.dtype)
     if native and u is None and fmt.bits == 8:
       # Saturate; the fp8 encoder then rounds half to even with correct
       # subnormals. e4m3fn has no infinity: an unclipped overflow would
@@ -447,7 +454,6 @@ def _encode_values(
       y = rounding_lib.round_float_grid(
           y, exponent_bits=fmt.exponent_bits,
           mantissa_bits=fmt.mantissa_bits, max_value=fmt.max_value, u=u)
-    layout = minifloat.layout_of(fmt.dtype) if native else None
     if layout is not None:  # fp8: the vectorizable bit-level encoder.
       return lax.bitcast_convert_type(minifloat.encode(y, **layout),
                                       fmt.dtype)
