@@ -392,6 +392,18 @@ def machine_line() -> str:
           f'{dev.platform} ({kind})')
 
 
+def package_versions() -> dict[str, str]:
+  """Versions of the packages the rows ran on (peers: where installed)."""
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  out = {}
+  for name in ('jax', 'jaxlib', 'optax', 'torch', 'torchao', 'bitsandbytes'):
+    try:
+      out[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+      pass
+  return out
+
+
 def git_revision() -> str:
   try:
     rev = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=_ROOT,
@@ -482,13 +494,18 @@ def plot(result: dict[str, Any], path: str) -> str:
 
 def render_markdown(result: dict[str, Any], stem: str) -> str:
   """The results page: provenance, the plot, the table."""
+  versions = result.get('versions') or {}
+  packages = (f"Packages: {', '.join(f'{k} {v}' for k, v in versions.items())}"
+              '.  \n' if versions else '')
   return (
       f"Command: `{result['command']}`  \n"
       f"Revision {result['git_revision']}, {result['date']}, "
       f"{result['mode']} mode, d={result['d']}, {result['layers']} layers, "
       f"{result['params'] / 1e6:.1f}M params.  \n"
       f"Machine: {result['machine']}.  \n"
-      f"Allocator: {result.get('allocator', 'default')}.  \n"
+      + (f"Allocator: {result['allocator']}.  \n"
+         if 'allocator' in result else '')
+      + packages +
       f'Copy bandwidth (read + write) measured in the same run: '
       f"{result['copy_gbps']:.1f} GB/s.\n\n"
       f'![step time against {BASELINE}, state MiB]({stem}.png)\n\n'
@@ -641,6 +658,7 @@ def main(argv=None) -> dict[str, Any]:
       copy_gbps=round(copy_gbps, 3),
       copy_bytes=copy.traffic,
       allocator=allocator,
+      versions=package_versions(),
       rows=out_rows,
       notes=notes,
   )

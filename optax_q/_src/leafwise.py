@@ -486,6 +486,48 @@ def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
   return u, shaped, rest
 
 
+def _flat_parts(entries, g, p) -> tuple[list[Any], list[list[int]]]:
+  """The kernel's tiled inputs and, per entry, the indices of its parts.
+
+  The gradient, the parameter, then per entry its codes bits and scales
+  (a `QArray`) or its array; the kernel rewrites the entries' parts.
+  """
+  tiled, layout = [g] + ([] if p is None else [p]), []
+  for _, x, _ in entries:
+    if qarray_lib.is_qarray(x):
+      parts = [_to_bits(x.codes)] + ([] if x.scale is None else [x.scale])
+    else:
+      parts = [x]
+    layout.append(list(range(len(tiled), len(tiled) + len(parts))))
+    tiled += parts
+  return tiled, layout
+
+
+def _entry_values(entries, layout, values) -> list[Any]:
+  """Per entry, its (codes bits, scales) or array, from the flat parts."""
+  out = []
+  for (_, x, _), idx in zip(entries, layout):
+    if qarray_lib.is_qarray(x):
+      out.append((values[idx[0]], values[idx[1]] if len(idx) > 1 else None))
+    else:
+      out.append(values[idx[0]])
+  return out
+
+
+def _kernel_lowers(run: _Run, entries, keys, run_kernel, tiled, whole,
+                   tiles: int) -> bool:
+  """Whether the kernel compiles here, asked once per distinct kernel of
+  the step (parameters of one shape, layout and rounding share it)."""
+  signature = (tiles, tuple(run.roundings(entries)), tuple(
+      (x.fmt, x.scale_mode, x.block_size, x.dtype, k is None)
+      if qarray_lib.is_qarray(x) else None
+      for (_, x, _), k in zip(entries, keys)), tuple(
+          (jnp.shape(a), jnp.result_type(a)) for a in tiled + whole))
+  if signature not in run.lowered:
+    run.lowered[signature] = kernels.lowers(run_kernel, (tiled, whole))
+  return run.lowered[signature]
+
+
 def _tile_kernel(run: _Run, lay: Layout, entries, g, p, tiles: int, *,
                  required: bool):
   """The new state of a tiled leaf by one Pallas kernel (see `kernels`).
@@ -501,72 +543,40 @@ def _tile_kernel(run: _Run, lay: Layout, entries, g, p, tiles: int, *,
   # Interpreted, the kernel's body is compiled with the rest of the step,
   # so it keeps the isolation barrier; compiled on its own, it needs none.
   interpret = kernels.interpret()
-  shape = tuple(g.shape)
-  rows = shape[0] // tiles
-  tile_shape = (rows,) + shape[1:]
-  # Tiled inputs: the gradient, the parameter, then per entry its codes
-  # bits and scales (or its array); the step rewrites the entries'.
-  tiled, layout = [g] + ([] if p is None else [p]), []
-  for _, x, _ in entries:
-    if qarray_lib.is_qarray(x):
-      parts = [_to_bits(x.codes)] + ([] if x.scale is None else [x.scale])
-    else:
-      parts = [x]
-    layout.append(list(range(len(tiled), len(tiled) + len(parts))))
-    tiled += parts
-  shared = shared_slots(lay)
-  shared_leaves, shared_def = jax.tree.flatten(shared)
+  rows = g.shape[0] // tiles
+  tile_shape = (rows,) + tuple(g.shape[1:])
+  tiled, layout = _flat_parts(entries, g, p)
+  shared_leaves, shared_def = jax.tree.flatten(shared_slots(lay))
   keys = [run.key_for(i) for _, _, i in entries]
   whole = [jnp.reshape(jnp.asarray(v), (-1,))
            for v in shared_leaves + [k for k in keys if k is not None]]
-  outputs = [i for idx in layout for i in idx]
 
   def step(t, values, whole_values):
     it = iter(whole_values)
     shared_tile = shared_def.unflatten([
         next(it).reshape(jnp.shape(v)) for v in shared_leaves])
     tile_keys = [None if k is None else next(it).reshape(()) for k in keys]
-    src = []
-    for (_, x, _), idx in zip(entries, layout):
-      if qarray_lib.is_qarray(x):
-        src.append((values[idx[0]],
-                    values[idx[1]] if len(idx) > 1 else None))
-      else:
-        src.append(values[idx[0]])
     outs, _ = _tile_state(
-        run, entries, values[0], None if p is None else values[1], src,
-        tile_shape, tile_keys, row_stride=1, row_offset=t * rows,
-        shared=shared_tile, barrier=interpret)
-    flat = []
-    for out in outs:
-      flat += ([v for v in out if v is not None] if isinstance(out, tuple)
-               else [out])
-    return flat
+        run, entries, values[0], None if p is None else values[1],
+        _entry_values(entries, layout, values), tile_shape, tile_keys,
+        row_stride=1, row_offset=t * rows, shared=shared_tile,
+        barrier=interpret)
+    return [v for out in outs for v in (
+        out if isinstance(out, tuple) else (out,)) if v is not None]
 
   run_kernel = functools.partial(
-      kernels.tile_map, step, outputs=outputs, tiles=tiles,
-      interpret_mode=interpret)
-  if not required:
-    # One compile per kernel of the step: parameters of one shape whose
-    # states have the same layout and rounding share it.
-    signature = (tiles, tuple(run.roundings(entries)), tuple(
-        (x.fmt, x.scale_mode, x.block_size, x.dtype, k is None)
-        if qarray_lib.is_qarray(x) else None
-        for (_, x, _), k in zip(entries, keys)), tuple(
-            (jnp.shape(a), jnp.result_type(a)) for a in tiled + whole))
-    if signature not in run.lowered:
-      run.lowered[signature] = kernels.lowers(run_kernel, (tiled, whole))
-    if not run.lowered[signature]:
-      return None
-  new = iter(run_kernel(tiled, whole))
-  bufs = []
-  for _, x, _ in entries:
-    if qarray_lib.is_qarray(x):
-      codes = next(new)
-      bufs.append((codes, next(new) if x.scale is not None else None))
-    else:
-      bufs.append(next(new))
-  return bufs
+      kernels.tile_map, step, outputs=[i for idx in layout for i in idx],
+      tiles=tiles, interpret_mode=interpret)
+  if not required and not _kernel_lowers(run, entries, keys, run_kernel,
+                                         tiled, whole, tiles):
+    return None
+  new = run_kernel(tiled, whole)
+  flat = [None] * len(tiled)
+  for i, v in zip((i for idx in layout for i in idx), new):
+    flat[i] = v
+  return [(flat[idx[0]], flat[idx[1]] if len(idx) > 1 else None)
+          if qarray_lib.is_qarray(x) else flat[idx[0]]
+          for (_, x, _), idx in zip(entries, layout)]
 
 
 def _tile_loop(run: _Run, entries, step, olds, tiles: int):
