@@ -214,7 +214,7 @@ def adamw(
     kernel: How the moments of a large parameter (updated in tiles of rows)
       are made: ``'auto'`` (Pallas kernels on a GPU or TPU where they
       lower, else XLA), ``'xla'`` or ``'pallas'`` (also on CPU, interpreted:
-      for tests; not with ``track_stalls``). The codes are the same; see
+      for tests; not with ``track_stalls``); see
       [`quantize_state`][optax_q.quantize_state].
     bits: None (the moments in ``mu_format`` and ``nu_format``), or
       ``'adaptive'`` or a dict of [`adaptive_bits`][optax_q.adaptive_bits]
@@ -493,7 +493,7 @@ def sgd(
                  min_size=min_size, scale_mode=scale_mode, track_stalls=track_stalls,
                  kernel=kernel)
   if momentum is None:  # No state to store, but the arguments still count.
-    transform.StorageConfig(formats=formats, **storage)
+    transform.StorageConfig(formats=formats, elementwise=True, **storage)
     return optax.chain(optax.identity(),
                        optax.scale_by_learning_rate(learning_rate))
   return optax.chain(

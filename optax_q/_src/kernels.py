@@ -15,12 +15,16 @@
 
 `tile_map` runs a step over contiguous tiles of rows, one kernel instance
 per tile (a Pallas grid): each instance loads its tile of every input,
-computes the tile's outputs and writes them in place of its inputs (the
-codes and scales are aliased). The step is the leafwise pass's own
-(decode, the inner update, block maxima, encode: the codecs of
-``qarray``), traced into the kernel body, so the kernel holds no second
-copy of any codec and its codes are the XLA loop's (the tests compare them
-bit for bit, in Pallas's interpret mode on CPU).
+computes the tile's outputs and writes them to outputs aliased to its
+inputs (the codes and scales; where the step still reads the old ones
+afterwards, for the update, the compiler copies them first). The step is
+the leafwise pass's own (decode, the inner update, block maxima, encode:
+the codecs of ``qarray``), traced into the kernel body, so the kernel
+holds no second copy of any codec. Interpreted (on CPU, where the tests
+compare them bit for bit) its codes are the XLA loop's; compiled by Triton
+or Mosaic, a kernel may form fused multiply-adds where XLA does not, which
+would move a moment's last bit: unchecked until it runs on an
+accelerator.
 
 On GPU (Triton) and TPU (Mosaic) the whole step of a tile is then one
 kernel: the moments are decoded, updated, reduced to their block maxima and
@@ -29,9 +33,9 @@ encoded in registers and on-chip memory, once. Where a step does not lower
 loop: `lowers` compiles the kernel once, at trace time, and says whether
 it did.
 
-The kernel sees one device's arrays: under a mesh whose axes are not
-manual (outside ``shard_map``) ``'auto'`` keeps the XLA loop, which the
-compiler partitions.
+``'auto'`` takes the kernel only where the step runs on one device: under
+a mesh it keeps the XLA loop, which the compiler partitions (a custom call
+it cannot split would be gathered whole).
 """
 
 from __future__ import annotations
@@ -58,14 +62,11 @@ def interpret() -> bool:
 
 
 def accelerated() -> bool:
-  """Whether ``kernel='auto'`` may choose Pallas here: a GPU or TPU, and one
-  device's arrays (a single device, or inside ``shard_map``)."""
+  """Whether ``kernel='auto'`` may choose Pallas here: a GPU or TPU, one
+  device, and no mesh in context."""
   if jax.default_backend() not in _ACCELERATORS:
     return False
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty:
-    return all(t == jax.sharding.AxisType.Manual for t in mesh.axis_types)
-  return jax.device_count() == 1
+  return jax.sharding.get_abstract_mesh().empty and jax.device_count() == 1
 
 
 def _spec(x: jax.Array, tiles: int, tiled: bool) -> pl.BlockSpec:
@@ -134,8 +135,11 @@ def tile_map(
   in_specs = ([_spec(x, tiles, True) for x in tiled]
               + [_spec(x, tiles, False) for x in whole])
   out_specs = [_spec(tiled[i], tiles, True) for i in outputs]
-  out_shape = [jax.ShapeDtypeStruct(tiled[i].shape, tiled[i].dtype)
-               for i in outputs]
+  # Under a manual mesh the outputs vary over its axes as their inputs.
+  out_shape = [jax.ShapeDtypeStruct(
+      tiled[i].shape, tiled[i].dtype,
+      manual_axis_type=getattr(jax.typeof(tiled[i]), 'manual_axis_type',
+                               None)) for i in outputs]
   return list(pl.pallas_call(
       kernel, out_shape=out_shape, grid=(tiles,), in_specs=in_specs,
       out_specs=out_specs,

@@ -598,8 +598,9 @@ def _tile_loop(run: _Run, entries, step, olds, tiles: int):
       qarray_lib.is_qarray(x)
       and rounding_lib.bucketed(x.fmt.table, space=x.fmt.space)
       for _, x, _ in entries)
-  own_buffer = any(qarray_lib.is_qarray(x) and x.fmt.packed
-                   for _, x, _ in entries)
+  # (On XLA:CPU only: elsewhere a conditional may cost a host round trip.)
+  own_buffer = jax.default_backend() == 'cpu' and any(
+      qarray_lib.is_qarray(x) and x.fmt.packed for _, x, _ in entries)
   carry0 = (olds if in_place else jax.tree.map(full, out_shapes),
             [jnp.zeros((), jnp.float32) for _ in count_shapes])
 

@@ -86,6 +86,9 @@ def encode(
   and NaN without, NaN stays NaN.
   """
   bias, drop = _layout(exponent_bits, mantissa_bits)
+  if u is not None and max_value is None:
+    raise ValueError('encode with draws u needs max_value, the largest '
+                     'finite magnitude rounding saturates to.')
   bits = lax.bitcast_convert_type(jnp.asarray(y, jnp.float32), _U32)
   sign = (bits >> 24) & _U32(0x80)
   a = bits & _U32(0x7FFFFFFF)
@@ -126,8 +129,11 @@ def _magnitude_code(value: float, *, exponent_bits: int,
   """The code (sign bit clear) of a positive normal ``value`` of the grid."""
   bias, _ = _layout(exponent_bits, mantissa_bits)
   e = math.floor(math.log2(value))
-  mantissa = round((value / 2.0**e - 1.0) * 2**mantissa_bits)
-  return ((e + bias) << mantissa_bits) | mantissa
+  mantissa = (value / 2.0**e - 1.0) * 2**mantissa_bits
+  if mantissa != int(mantissa) or not 1 - bias <= e <= bias + 1:
+    raise ValueError(f'{value} is not a normal value of the e{exponent_bits}'
+                     f'm{mantissa_bits} grid.')
+  return ((e + bias) << mantissa_bits) | int(mantissa)
 
 
 def decode(

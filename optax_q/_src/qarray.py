@@ -560,7 +560,7 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
   # leave them above it), so that only infinities take the end codes.
   limit = target[..., None]
   y = _mark_infinities(jnp.clip(y, -limit, limit), xb, fmt)
-  codes = _encode_values(y, fmt, u, positive=xb > 0, clipped=True)
+  codes = _encode_values(y, fmt, u, positive=xb > 0, clipped=fmt.signed)
   return _unblocked(codes, xf), stored
 
 

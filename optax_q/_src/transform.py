@@ -544,9 +544,11 @@ def quantize_state(
       takes the block maxima and encodes each tile in one pass (Triton on
       GPU, Mosaic on TPU; interpreted on CPU, for tests; not with
       ``track_stalls``); ``'auto'`` (default), Pallas on a GPU or TPU for
-      the leaves whose kernel lowers there, with one device's arrays (a
-      single device, or inside ``shard_map``), else XLA. The codes are
-      the same either way.
+      the leaves whose kernel lowers there, on a single device with no
+      mesh, and with ``track_stalls=False``
+      (the drop-ins' default, not this function's), else XLA. Interpreted,
+      the kernel's codes are the loop's bit for bit (tested); compiled on
+      an accelerator that is not yet checked (see the performance page).
 
   Returns:
     A gradient transformation whose state is a
