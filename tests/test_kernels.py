@@ -223,12 +223,13 @@ class TileMapTest(absltest.TestCase):
     y = jnp.zeros((6, 8), jnp.float32)
     shift = jnp.asarray([5.0])
 
-    def step(t, values, whole):
-      codes, _ = values
-      return [jnp.asarray(table)[codes] + whole[0] + t.astype(jnp.float32)]
+    def step(t, carried, codes, shared):
+      del carried  # Rewritten, not read.
+      return {'y': jnp.asarray(table)[codes] + shared['shift']
+                   + t.astype(jnp.float32)}
 
-    (out,) = kernels.tile_map(step, [x, y], [shift], outputs=[1], tiles=3,
-                              interpret_mode=True)
+    out = kernels.tile_map(step, {'y': y}, x, {'shift': shift[0]}, tiles=3,
+                           interpret_mode=True)['y']
     want = table[np.asarray(x)] + 5.0 + np.repeat(np.arange(3), 2)[:, None]
     np.testing.assert_array_equal(np.asarray(out), want)
 

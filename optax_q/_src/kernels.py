@@ -78,73 +78,81 @@ def _spec(x: jax.Array, tiles: int, tiled: bool) -> pl.BlockSpec:
 
 
 def tile_map(
-    step: Callable[[jax.Array, list[jax.Array], list[jax.Array]],
-                   list[jax.Array]],
-    tiled: Sequence[jax.Array],
-    whole: Sequence[jax.Array],
-    outputs: Sequence[int],
+    step: Callable[[jax.Array, Any, Any, Any], Any],
+    carried: Any,
+    read: Any,
+    shared: Any,
     tiles: int,
     *,
     interpret_mode: bool,
-) -> list[jax.Array]:
-  """New values of ``tiled[i]`` for ``i`` in ``outputs``, tile by tile.
+) -> Any:
+  """New ``carried``, computed tile by tile and written in its place.
 
   Args:
-    step: ``step(t, tile_values, whole_values)`` returns the new tile of
-      each output (in the order of ``outputs``); ``t`` is the tile's index
-      (a traced int32), ``tile_values`` the tile of every ``tiled`` array
-      (rows ``t * r, ..., t * r + r - 1`` along the first axis, ``r`` =
-      rows / tiles) and ``whole_values`` the ``whole`` arrays.
-    tiled: Arrays tiled along their first axis (its length a multiple of
-      ``tiles``).
-    whole: Small arrays every tile reads whole (shared scalars, reshaped
-      to ``(1,)``).
-    outputs: Indices into ``tiled`` of the arrays the step rewrites; each
-      output is written in place of its input.
+    step: ``step(t, carried_tile, read_tile, shared)`` returns the new
+      ``carried_tile`` (the same structure); ``t`` is the tile's index (a
+      traced int32), and a tile of an array is its rows
+      ``t * r, ..., t * r + r - 1`` (``r`` = rows / tiles).
+    carried: A pytree of arrays tiled along their first axis (its length a
+      multiple of ``tiles``), rewritten: outputs aliased to these inputs.
+    read: A pytree of arrays tiled the same way, only read.
+    shared: A pytree of small arrays every tile reads whole (step counts,
+      rounding keys).
     tiles: Number of tiles.
     interpret_mode: Run the kernel interpreted (CPU).
 
   Returns:
-    The rewritten arrays, in the order of ``outputs``.
+    The new ``carried``.
   """
-  tiled, whole, outputs = list(tiled), list(whole), list(outputs)
-  n_tiled = len(tiled)
+  c_leaves, c_def = jax.tree.flatten(carried)
+  r_leaves, r_def = jax.tree.flatten(read)
+  s_leaves, s_def = jax.tree.flatten(shared)
+  tiled = c_leaves + r_leaves
+  n_c, n_t = len(c_leaves), len(tiled)
+  s_shapes = [jnp.shape(x) for x in s_leaves]
+
+  def flat_step(t, tile_leaves, whole_leaves):
+    new = step(t, c_def.unflatten(tile_leaves[:n_c]),
+               r_def.unflatten(tile_leaves[n_c:]),
+               s_def.unflatten([v.reshape(shape) for v, shape in
+                                zip(whole_leaves, s_shapes)]))
+    return jax.tree.leaves(new)
+
   # A kernel may not close over arrays (the codecs' tables): trace the
-  # step once, and hand its constants to the kernel as inputs.
+  # step once, and hand its constants to the kernel as inputs. Scalars
+  # travel as arrays of one element.
   blocks = [jax.ShapeDtypeStruct((x.shape[0] // tiles,) + x.shape[1:],
                                  x.dtype) for x in tiled]
-  closed = jax.make_jaxpr(
-      lambda t, values, shared: step(t, list(values), list(shared)))(
-          jnp.int32(0), blocks, [jax.ShapeDtypeStruct(x.shape, x.dtype)
-                                 for x in whole])
-  consts = [jnp.reshape(jnp.asarray(c), (-1,)) for c in closed.consts]
+  whole = [jnp.reshape(jnp.asarray(x), (-1,)) for x in s_leaves]
+  closed = jax.make_jaxpr(flat_step)(
+      jnp.int32(0), blocks,
+      [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in whole])
   const_shapes = [jnp.shape(c) for c in closed.consts]
-  whole = whole + consts
-  n_in = n_tiled + len(whole)
+  whole += [jnp.reshape(jnp.asarray(c), (-1,)) for c in closed.consts]
+  n_in, n_s = n_t + len(whole), len(s_leaves)
 
   def kernel(*refs):
     loaded = [r[...] for r in refs[:n_in]]
-    const_values = [c.reshape(s) for c, s in
-                    zip(loaded[n_in - len(consts):], const_shapes)]
-    new = jax_core.jaxpr_as_fun(
-        jax_core.ClosedJaxpr(closed.jaxpr, const_values))(
-            pl.program_id(0), *loaded[:n_in - len(consts)])
+    consts = [c.reshape(shape) for c, shape in
+              zip(loaded[n_t + n_s:], const_shapes)]
+    new = jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(closed.jaxpr, consts))(
+        pl.program_id(0), *loaded[:n_t + n_s])
     for ref, value in zip(refs[n_in:], new):
       ref[...] = value.astype(ref.dtype)
 
-  in_specs = ([_spec(x, tiles, True) for x in tiled]
-              + [_spec(x, tiles, False) for x in whole])
-  out_specs = [_spec(tiled[i], tiles, True) for i in outputs]
   # Under a manual mesh the outputs vary over its axes as their inputs.
   out_shape = [jax.ShapeDtypeStruct(
-      tiled[i].shape, tiled[i].dtype,
-      manual_axis_type=getattr(jax.typeof(tiled[i]), 'manual_axis_type',
-                               None)) for i in outputs]
-  return list(pl.pallas_call(
-      kernel, out_shape=out_shape, grid=(tiles,), in_specs=in_specs,
-      out_specs=out_specs,
-      input_output_aliases={i: k for k, i in enumerate(outputs)},
-      interpret=interpret_mode, name='optax_q_tile_update')(*tiled, *whole))
+      x.shape, x.dtype,
+      manual_axis_type=getattr(jax.typeof(x), 'manual_axis_type', None))
+               for x in c_leaves]
+  new = pl.pallas_call(
+      kernel, out_shape=out_shape, grid=(tiles,),
+      in_specs=([_spec(x, tiles, True) for x in tiled]
+                + [_spec(x, tiles, False) for x in whole]),
+      out_specs=[_spec(x, tiles, True) for x in c_leaves],
+      input_output_aliases={i: i for i in range(n_c)},
+      interpret=interpret_mode, name='optax_q_tile_update')(*tiled, *whole)
+  return c_def.unflatten(new)
 
 
 def lowers(fn: Callable[..., Any], args: Sequence[Any]) -> bool:

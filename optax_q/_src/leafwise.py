@@ -392,16 +392,10 @@ def _take(x: jax.Array, t) -> jax.Array:
   return lax.dynamic_index_in_dim(x, t, axis=1, keepdims=False)
 
 
-def _tile_sources(entries, tiles: int) -> list[Any]:
-  """Per entry: the split (codes bits, scales) of a QArray, else the array."""
-  out = []
-  for _, x, _ in entries:
-    if qarray_lib.is_qarray(x):
-      out.append((_split(_to_bits(x.codes), tiles),
-                  None if x.scale is None else _split(x.scale, tiles)))
-    else:
-      out.append(_split(x, tiles))
-  return out
+def _sources(entries) -> list[Any]:
+  """Per entry: the (codes bits, scales) of a QArray, else the array."""
+  return [(_to_bits(x.codes), x.scale) if qarray_lib.is_qarray(x) else x
+          for _, x, _ in entries]
 
 
 def _tile_state(run: _Run, entries, g, p, src, tile_shape, keys, *,
@@ -467,8 +461,9 @@ def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
         _tile_step, run, entries, _split(g, tiles),
         None if p is None else _split(p, tiles), tiles,
         (shape[0] // tiles,) + shape[1:])
-    bufs, counts = _tile_loop(run, entries, step,
-                              _tile_sources(entries, tiles), tiles)
+    bufs, counts = _tile_loop(
+        run, entries, step,
+        jax.tree.map(lambda b: _split(b, tiles), _sources(entries)), tiles)
   u, _, rest = run.call(g, p, [x for _, x, _ in entries],
                         run.roundings(entries))
   shaped, count_it = [], iter(counts)
@@ -484,48 +479,6 @@ def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
     if run.track_stalls:
       stalled[i] = next(count_it) / jnp.float32(max(x.size, 1))
   return u, shaped, rest
-
-
-def _flat_parts(entries, g, p) -> tuple[list[Any], list[list[int]]]:
-  """The kernel's tiled inputs and, per entry, the indices of its parts.
-
-  The gradient, the parameter, then per entry its codes bits and scales
-  (a `QArray`) or its array; the kernel rewrites the entries' parts.
-  """
-  tiled, layout = [g] + ([] if p is None else [p]), []
-  for _, x, _ in entries:
-    if qarray_lib.is_qarray(x):
-      parts = [_to_bits(x.codes)] + ([] if x.scale is None else [x.scale])
-    else:
-      parts = [x]
-    layout.append(list(range(len(tiled), len(tiled) + len(parts))))
-    tiled += parts
-  return tiled, layout
-
-
-def _entry_values(entries, layout, values) -> list[Any]:
-  """Per entry, its (codes bits, scales) or array, from the flat parts."""
-  out = []
-  for (_, x, _), idx in zip(entries, layout):
-    if qarray_lib.is_qarray(x):
-      out.append((values[idx[0]], values[idx[1]] if len(idx) > 1 else None))
-    else:
-      out.append(values[idx[0]])
-  return out
-
-
-def _kernel_lowers(run: _Run, entries, keys, run_kernel, tiled, whole,
-                   tiles: int) -> bool:
-  """Whether the kernel compiles here, asked once per distinct kernel of
-  the step (parameters of one shape, layout and rounding share it)."""
-  signature = (tiles, tuple(run.roundings(entries)), tuple(
-      (x.fmt, x.scale_mode, x.block_size, x.dtype, k is None)
-      if qarray_lib.is_qarray(x) else None
-      for (_, x, _), k in zip(entries, keys)), tuple(
-          (jnp.shape(a), jnp.result_type(a)) for a in tiled + whole))
-  if signature not in run.lowered:
-    run.lowered[signature] = kernels.lowers(run_kernel, (tiled, whole))
-  return run.lowered[signature]
 
 
 def _tile_kernel(run: _Run, lay: Layout, entries, g, p, tiles: int, *,
@@ -545,38 +498,31 @@ def _tile_kernel(run: _Run, lay: Layout, entries, g, p, tiles: int, *,
   interpret = kernels.interpret()
   rows = g.shape[0] // tiles
   tile_shape = (rows,) + tuple(g.shape[1:])
-  tiled, layout = _flat_parts(entries, g, p)
-  shared_leaves, shared_def = jax.tree.flatten(shared_slots(lay))
   keys = [run.key_for(i) for _, _, i in entries]
-  whole = [jnp.reshape(jnp.asarray(v), (-1,))
-           for v in shared_leaves + [k for k in keys if k is not None]]
+  args = (_sources(entries), (g, p), (shared_slots(lay), keys))
 
-  def step(t, values, whole_values):
-    it = iter(whole_values)
-    shared_tile = shared_def.unflatten([
-        next(it).reshape(jnp.shape(v)) for v in shared_leaves])
-    tile_keys = [None if k is None else next(it).reshape(()) for k in keys]
+  def step(t, src, read, shared):
     outs, _ = _tile_state(
-        run, entries, values[0], None if p is None else values[1],
-        _entry_values(entries, layout, values), tile_shape, tile_keys,
-        row_stride=1, row_offset=t * rows, shared=shared_tile,
-        barrier=interpret)
-    return [v for out in outs for v in (
-        out if isinstance(out, tuple) else (out,)) if v is not None]
+        run, entries, *read, src, tile_shape, shared[1], row_stride=1,
+        row_offset=t * rows, shared=shared[0], barrier=interpret)
+    return outs
 
-  run_kernel = functools.partial(
-      kernels.tile_map, step, outputs=[i for idx in layout for i in idx],
-      tiles=tiles, interpret_mode=interpret)
-  if not required and not _kernel_lowers(run, entries, keys, run_kernel,
-                                         tiled, whole, tiles):
-    return None
-  new = run_kernel(tiled, whole)
-  flat = [None] * len(tiled)
-  for i, v in zip((i for idx in layout for i in idx), new):
-    flat[i] = v
-  return [(flat[idx[0]], flat[idx[1]] if len(idx) > 1 else None)
-          if qarray_lib.is_qarray(x) else flat[idx[0]]
-          for (_, x, _), idx in zip(entries, layout)]
+  run_kernel = functools.partial(kernels.tile_map, step, tiles=tiles,
+                                 interpret_mode=interpret)
+  if not required:
+    # One compile per distinct kernel of the step: parameters of one
+    # shape whose states have the same layout and rounding share it.
+    signature = (tiles, tuple(run.roundings(entries)), tuple(
+        (x.fmt, x.scale_mode, x.block_size, x.dtype)
+        if qarray_lib.is_qarray(x) else None for _, x, _ in entries),
+                 jax.tree.structure(args), tuple(
+                     (jnp.shape(a), jnp.result_type(a))
+                     for a in jax.tree.leaves(args)))
+    if signature not in run.lowered:
+      run.lowered[signature] = kernels.lowers(run_kernel, args)
+    if not run.lowered[signature]:
+      return None
+  return run_kernel(*args)
 
 
 def _tile_loop(run: _Run, entries, step, olds, tiles: int):

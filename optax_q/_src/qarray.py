@@ -350,20 +350,16 @@ def block_targets(fmt: Format, flagged: jax.Array
           jnp.where(flagged, one / inner, one / plain))
 
 
-def block_scale(absmax: jax.Array, target: jax.Array | float,
-                inverse: jax.Array | float | None = None) -> jax.Array:
+def block_scale(absmax: jax.Array, target: jax.Array,
+                inverse: jax.Array) -> jax.Array:
   """``absmax / target``, rounded so that ``target * scale <= absmax``.
 
-  Computed as a product with the reciprocal of ``target`` (``inverse``,
-  rounded on the host: see `block_targets`; by default that of a float
-  ``target``) and at most two steps down, so the same inputs give the same
-  bits whatever the shape of the array or the compiler's fusion, and
-  decoding the largest code (``target * scale``) never overflows to
-  infinity.
+  Computed as a product with ``inverse``, the reciprocal of ``target``
+  rounded on the host (see `block_targets`), and at most two steps down,
+  so the same inputs give the same bits whatever the shape of the array or
+  the compiler's fusion, and decoding the largest code (``target * scale``)
+  never overflows to infinity.
   """
-  if inverse is None:
-    inverse = np.float32(1.0) / np.float32(target) if isinstance(
-        target, float) else jnp.float32(1.0) / target
   target = jnp.asarray(target, jnp.float32)
   # A target below one (a block with an infinity in a grid whose inner
   # value is below one) may take a huge maximum past float32: saturate, and
