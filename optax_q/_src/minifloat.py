@@ -38,6 +38,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from optax_q._src import rounding
+
 _U32 = jnp.uint32
 _F32_EXP_BIAS = 127
 _F32_MANT = 23
@@ -105,13 +107,8 @@ def encode(
   normal = (rounded >> drop) - _U32((_F32_EXP_BIAS - bias) << mantissa_bits)
   # Subnormal range: the code is |y| in units of the smallest subnormal.
   unit = 2.0 ** (bias - 1 + mantissa_bits)
-  scaled = lax.bitcast_convert_type(a, jnp.float32) * jnp.float32(unit)
-  if u is None:
-    sub = jnp.round(scaled)
-  else:
-    # As `rounding.round_int`: up with probability ``frac``.
-    low = jnp.floor(scaled)
-    sub = low + (u >= jnp.float32(1.0) - (scaled - low)).astype(jnp.float32)
+  sub = rounding.round_int(
+      lax.bitcast_convert_type(a, jnp.float32) * jnp.float32(unit), u)
   min_normal_bits = (_F32_EXP_BIAS + 1 - bias) << _F32_MANT
   code = jnp.where(a < _U32(min_normal_bits), sub.astype(_U32), normal)
   if u is not None:
