@@ -33,6 +33,7 @@ import pytest
 import optax_q
 from optax_q._src import packing
 from optax_q._src import qarray as qarray_lib
+from optax_q._src import rounding as rounding_lib
 
 ALL_FORMATS = ('bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1',
                'fp4_e2m2u', 'int8', 'int8_dynamic', 'int4', 'e3m2', 'e2m3',
@@ -370,6 +371,54 @@ class StochasticRoundingTest(parameterized.TestCase):
     jitted = jax.jit(lambda x: optax_q.quantize(
         x, 'fp8_e4m3', rounding='stochastic', seed=7, step=3))(x)
     np.testing.assert_array_equal(codes(jitted), codes(a))
+
+
+class StaticTableSearchTest(parameterized.TestCase):
+  """The search of big static tables (one packed-word gather per element)
+  gives the reference index at every step, next to it and between."""
+
+  @parameterized.product(
+      name=('int8_dynamic', 'int8_dynamic_unsigned', 'int8_dynamic@sqrt',
+            'ue4m3', 'ue7m1', 'ue8m0'),
+      mode=('nearest', 'nearest_even', 'floor'))
+  def test_matches_the_reference_index(self, name, mode):
+    fmt = optax_q.get_format(name)
+    table = fmt.table
+    t = np.asarray(table, np.float32)
+    _, thr, _ = rounding_lib._table_steps(table, mode, fmt.space)
+    self.assertTrue(rounding_lib.bucketed(table, mode, fmt.space))
+    rng = np.random.default_rng(0)
+    top = np.log10(np.max(np.abs(t)))
+    x = np.concatenate([
+        thr, np.nextafter(thr, -np.inf), np.nextafter(thr, np.inf),
+        t, np.nextafter(t, -np.inf), np.nextafter(t, np.inf),
+        [0.0, -0.0, np.inf, -np.inf],
+        rng.uniform(t[0], t[-1], 20000),
+        np.sign(rng.standard_normal(20000))
+        * 10.0 ** rng.uniform(-45, top, 20000)]).astype(np.float32)
+    x = np.clip(x, t[0], t[-1])
+    if mode == 'floor':
+      want = rounding_lib._table_floor(x, t)
+    else:
+      even = (rounding_lib._even_positions(t) if mode == 'nearest_even'
+              else None)
+      want = rounding_lib._table_nearest(x, t, fmt.space, even)
+    got = jax.jit(lambda v: rounding_lib._static_index(
+        v, table, mode, fmt.space))(x)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    # NaN takes the index the chain of comparisons gives it: no step passed.
+    nan = jax.jit(lambda v: rounding_lib._static_index(
+        v, table, mode, fmt.space))(jnp.full((3,), jnp.nan))
+    self.assertTrue(np.all(np.asarray(nan) >= 0))
+
+  @parameterized.parameters('ue7m1', 'ue8m0')
+  def test_wide_unsigned_grids_encode(self, name):
+    # Their steps were too close for the old buckets (an error at trace).
+    x = np.geomspace(1e-12, 1.0, 999).astype(np.float32)
+    q = optax_q.quantize(x, name, scale_mode='tensor')
+    got = np.asarray(optax_q.dequantize(q))
+    self.assertTrue(np.all(np.isfinite(got)))
+    np.testing.assert_array_less(np.abs(np.log2(got / x)), 1.0 + 1e-6)
 
 
 class BadInputTest(parameterized.TestCase):

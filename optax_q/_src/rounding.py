@@ -367,11 +367,22 @@ def _table_steps(table: tuple[float, ...], mode: str, space: str = 'linear'):
 
 @functools.cache
 def _bucket_lut(table: tuple[float, ...], mode: str, space: str):
-  """Per-bucket (threshold, index below, index from it) for big tables.
+  """The bucketed lookup of the index function of a big static table.
 
   A bucket is the sign, the exponent (clamped below at ``elo``) and the top
   ``m`` mantissa bits of a float32; ``m`` grows until every bucket holds at
-  most one step of the index function.
+  most one step of the index function. Each bucket is one uint32 word:
+  the index at the bucket's smallest value (bits 0-7), the rise of the
+  index at the bucket's step (bits 8-9, zero without a step) and the step's
+  offset in the bucket (bits 10 and up): the float32 bits of its magnitude
+  less the bucket's first magnitude (bucket 0, which takes every magnitude
+  below ``elo``, starts at zero). Within a bucket every magnitude shares
+  those first bits, so comparing offsets as integers compares the values:
+  one gather per element finds the index.
+
+  Returns ``(elo, m, nk, words)``, or ``None`` where a table does not fit
+  the word (more than 256 entries, a rise over 3, an offset of 2**22 or
+  more); such a table has no bucketed lookup.
   """
   start, thr, vals = _table_steps(table, mode, space)
   t = np.asarray(table, np.float32)
@@ -380,7 +391,7 @@ def _bucket_lut(table: tuple[float, ...], mode: str, space: str):
   ehi = int((np.float32(np.max(np.abs(t))).view(np.uint32) >> 23) & 0xFF)
   elo = ehi
   if nonzero.size:
-    elo = max(1, int((np.min(nonzero).view(np.uint32) >> 23) & 0xFF) - 1)
+    elo = max(0, int((np.min(nonzero).view(np.uint32) >> 23) & 0xFF) - 1)
   for m in range(4, 12):
     nk = (ehi - elo + 1) << m
     w = 1 << (23 - m)
@@ -395,21 +406,23 @@ def _bucket_lut(table: tuple[float, ...], mode: str, space: str):
     if np.all(last - first <= 1):
       break
   else:
-    raise ValueError(f'No bucketing found for a {t.size}-entry table.')
+    return None
   code_at = np.concatenate([[start], vals]).astype(np.int64)
   below = code_at[first]  # the index at the bucket's smallest value
-  above = code_at[last]
+  rise = code_at[last] - below
   has = last > first
-  bucket_thr = np.where(
-      has, _from_ordered(thr_k[np.minimum(first, thr_k.size - 1)]),
-      np.float32(np.inf)).astype(np.float32)
-  codes = (below | (above << 16)).astype(np.int32)
-  return elo, m, nk, bucket_thr, codes
+  step_mag = np.abs(thr_k[np.minimum(first, thr_k.size - 1)])
+  offset = np.where(has, step_mag - np.concatenate([mag_lo, mag_lo]), 0)
+  if (t.size > 256 or np.any(rise > 3) or np.any(offset < 0)
+      or np.any(offset >= 1 << 22) or np.any(has & (rise == 0))):
+    return None
+  words = (below | (rise << 8) | (offset << 10)).astype(np.uint32)
+  return elo, m, nk, words
 
 
 def bucketed(table: tuple[float, ...] | None, mode: str = 'nearest',
              space: str = 'linear') -> bool:
-  """Whether a static table is searched by the bucketed lookup (gathers)
+  """Whether a static table is searched by the bucketed lookup (a gather)
   rather than a chain of comparisons (more than ``_CHAIN_MAX_STEPS`` steps
   of its index function)."""
   if not table:
@@ -429,15 +442,36 @@ def _static_index(x: jax.Array, table: tuple[float, ...], mode: str,
                             jnp.int32(0))
       prev = v
     return idx
-  elo, m, nk, bucket_thr, codes = _bucket_lut(table, mode, space)
+  lut = _bucket_lut(table, mode, space)
+  if lut is None:
+    # Steps too close for the buckets (ue8m0's subnormal powers of two): a
+    # binary search over the steps, on order-preserving integer keys (float
+    # comparisons may flush subnormals).
+    start, thr, vals = _table_steps(table, mode, space)
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    mag = bits & jnp.int32(0x7FFFFFFF)
+    keys = jnp.where(bits < 0, -mag, mag)
+    steps_below = jnp.searchsorted(
+        _ordered(thr).astype(np.int32), keys, side='right')
+    return lookup(np.concatenate([[start], vals]).astype(np.int32),
+                  steps_below.astype(jnp.int32))
+  elo, m, nk, words = lut
+  shift = 23 - m
   bits = lax.bitcast_convert_type(x, _U32)
+  negative = bits >> 31
   mag = bits & _U32(0x7FFFFFFF)
-  k = (jnp.maximum(mag, _U32(elo << 23)) >> (23 - m)) - _U32(elo << m)
-  k = jnp.minimum(k, _U32(nk - 1)) + (_U32(1) - (bits >> 31)) * _U32(nk)
-  k = k.astype(jnp.int32)
-  c = lookup(codes, k)
-  above = lookup(bucket_thr, k) <= x
-  return jnp.where(above, c >> 16, c & 0xFFFF)
+  k = jnp.minimum((jnp.maximum(mag, _U32(elo << 23)) >> shift)
+                  - _U32(elo << m), _U32(nk - 1))
+  first = jnp.where(k == 0, _U32(0), (k << shift) + _U32(elo << 23))
+  offset = mag - first
+  word = lookup(words, (k + (_U32(1) - negative) * _U32(nk)).astype(jnp.int32))
+  step = word >> 10
+  # x >= the step's value: a larger magnitude for a positive x, a smaller
+  # one for a negative x. NaN stays below the step (a float comparison).
+  above = jnp.where(negative == 1, offset <= step, offset >= step)
+  above = above & ~jnp.isnan(x)
+  rise = jnp.where(above, (word >> 8) & _U32(3), _U32(0))
+  return ((word & _U32(0xFF)) + rise).astype(jnp.int32)
 
 
 def _round_to_static_table(x, table, u, space, ties='down'):
