@@ -137,6 +137,10 @@ def _is_scaled(x: Any) -> bool:
   return qarray_lib.is_qarray(x) and x.scale is not None
 
 
+def _on_cpu() -> bool:
+  return jax.default_backend() == 'cpu'
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """Where a state's parameter-shaped parts lie.
@@ -398,14 +402,30 @@ def _sources(entries) -> list[Any]:
           for _, x, _ in entries]
 
 
+def _apart(fn: Callable[[], Any], t: jax.Array) -> Any:
+  """``fn()``, computed into buffers of its own (``t`` is never negative).
+
+  A conditional whose predicate always holds: XLA:CPU materializes its
+  results instead of fusing ``fn``'s elementwise work into each consumer,
+  where it would be computed again per consumer (and an in-place fusion
+  runs on one core). Elsewhere a conditional may cost a host round trip.
+  """
+  shapes = jax.eval_shape(fn)
+  return lax.cond(t >= 0, fn, lambda: jax.tree.map(
+      lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+
+
 def _tile_state(run: _Run, entries, g, p, src, tile_shape, keys, *,
-                row_stride: int, row_offset, **call_args):
+                row_stride: int, row_offset, apart: bool = False,
+                **call_args):
   """One tile's new state from its sources: decode, inner update, encode.
 
   ``src`` holds, per entry, the tile's (codes bits, scales) of a `QArray`,
   else its array; ``keys`` the entries' stochastic-rounding keys (None:
   nearest). The tile is rows ``row_offset, row_offset + row_stride, ...``
-  of the leaf. Returns ``(outputs, unchanged counts)``.
+  of the leaf. With ``apart``, the new moments are computed once, into a
+  tile buffer (see `_apart`), before the block maxima, the infinity flags
+  and the encoder read them. Returns ``(outputs, unchanged counts)``.
   """
   stored = []
   for (_, x, _), old in zip(entries, src):
@@ -414,7 +434,9 @@ def _tile_state(run: _Run, entries, g, p, src, tile_shape, keys, *,
       old = QArray(_from_bits(codes, x.codes.dtype), scale, x.fmt,
                    tile_shape, x.dtype, x.scale_mode, x.block_size)
     stored.append(old)
-  _, shaped, _ = run.call(g, p, stored, run.roundings(entries), **call_args)
+  inner = lambda: run.call(  # noqa: E731
+      g, p, stored, run.roundings(entries), **call_args)[1]
+  shaped = _apart(inner, row_offset) if apart else inner()
   outs, counts = [], []
   for (_, x, _), q_old, n, key in zip(entries, stored, shaped, keys):
     if not qarray_lib.is_qarray(x):
@@ -436,7 +458,8 @@ def _tile_step(run: _Run, entries, g_split, p_split, tiles: int,
       None if p_split is None else _take(p_split, t),
       jax.tree.map(lambda b: _take(b, t), src), tile_shape,
       [run.key_for(i) for _, _, i in entries], row_stride=tiles,
-      row_offset=t)
+      row_offset=t, apart=_on_cpu() and any(
+          _is_scaled(x) for _, x, _ in entries))
 
 
 def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
@@ -494,7 +517,8 @@ def _tile_kernel(run: _Run, lay: Layout, entries, g, p, tiles: int, *,
   if not required and not kernels.accelerated():
     return None
   # Interpreted, the kernel's body is compiled with the rest of the step,
-  # so it keeps the isolation barrier; compiled on its own, it needs none.
+  # so it keeps the isolation barrier and, on XLA:CPU, computes the new
+  # moments apart as the loop does; compiled on its own, it needs neither.
   interpret = kernels.interpret()
   rows = g.shape[0] // tiles
   tile_shape = (rows,) + tuple(g.shape[1:])
@@ -504,7 +528,8 @@ def _tile_kernel(run: _Run, lay: Layout, entries, g, p, tiles: int, *,
   def step(t, src, read, shared):
     outs, _ = _tile_state(
         run, entries, *read, src, tile_shape, shared[1], row_stride=1,
-        row_offset=t * rows, shared=shared[0], barrier=interpret)
+        row_offset=t * rows, shared=shared[0], barrier=interpret,
+        apart=interpret and _on_cpu())
     return outs
 
   run_kernel = functools.partial(kernels.tile_map, step, tiles=tiles,
@@ -544,8 +569,7 @@ def _tile_loop(run: _Run, entries, step, olds, tiles: int):
       qarray_lib.is_qarray(x)
       and rounding_lib.bucketed(x.fmt.table, space=x.fmt.space)
       for _, x, _ in entries)
-  # (On XLA:CPU only: elsewhere a conditional may cost a host round trip.)
-  own_buffer = jax.default_backend() == 'cpu' and any(
+  own_buffer = _on_cpu() and any(
       qarray_lib.is_qarray(x) and x.fmt.packed for _, x, _ in entries)
   carry0 = (olds if in_place else jax.tree.map(full, out_shapes),
             [jnp.zeros((), jnp.float32) for _ in count_shapes])
@@ -554,17 +578,14 @@ def _tile_loop(run: _Run, entries, step, olds, tiles: int):
     bufs, counts = carry
     src = bufs if in_place else olds
     if own_buffer:
-      # A conditional whose predicate always holds: the tile's new state is
-      # then computed into a buffer of its own, by fusions the compiler
-      # runs on all cores, and copied into place; fused into the in-place
-      # update it runs on one core (XLA:CPU does not split in-place
-      # fusions). Measured side by side on one 2048 x 2048 leaf: int4
-      # 19.6 -> 15.1 ms (nearest) and 22.9 -> 17.1 ms (stochastic); fp8
-      # unchanged; int8_dynamic 10% slower, so only packed codes take it.
-      outs, new_counts = lax.cond(
-          t >= 0, lambda: step(t, src),
-          lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                               (out_shapes, count_shapes)))
+      # The tile's new state computed into a buffer of its own, by fusions
+      # the compiler runs on all cores, and copied into place; fused into
+      # the in-place update it runs on one core (XLA:CPU does not split
+      # in-place fusions). Measured side by side on one 2048 x 2048 leaf:
+      # int4 19.6 -> 15.1 ms (nearest) and 22.9 -> 17.1 ms (stochastic);
+      # fp8 unchanged; int8_dynamic 10% slower, so only packed codes take
+      # it.
+      outs, new_counts = _apart(lambda: step(t, src), t)
     else:
       outs, new_counts = step(t, src)
     bufs = jax.tree.map(
