@@ -55,7 +55,6 @@ import jax.numpy as jnp
 
 from optax_q._src import kernels
 from optax_q._src import qarray as qarray_lib
-from optax_q._src import rounding as rounding_lib
 
 QArray = qarray_lib.QArray
 
@@ -557,18 +556,15 @@ def _tile_loop(run: _Run, entries, step, olds, tiles: int):
   tile by tile (tile t is read before it is written, and by no other tile).
   The stall count reads the old tile once more, after the write, and the
   compiler would then copy the whole buffer on every iteration: with it,
-  the loop reads the old state and fills separate buffers. So it does for
-  256-entry tables (int8_dynamic), whose gathers made the in-place loop up
-  to 17% slower on XLA:CPU, measured side by side (fp8, int4 and fp4 steps
-  were 1-18% faster in place, with less memory).
+  the loop reads the old state and fills separate buffers. (256-entry
+  tables, int8_dynamic, once took separate buffers too: their gathers made
+  the in-place loop up to 17% slower on XLA:CPU while each reader of the
+  new moments recomputed them; computed apart, both ways time the same.)
   """
   out_shapes, count_shapes = jax.eval_shape(lambda: step(jnp.int32(0), olds))
   full = lambda s: jnp.zeros(  # noqa: E731
       (s.shape[0], tiles) + s.shape[1:], s.dtype)
-  in_place = not run.track_stalls and not any(
-      qarray_lib.is_qarray(x)
-      and rounding_lib.bucketed(x.fmt.table, space=x.fmt.space)
-      for _, x, _ in entries)
+  in_place = not run.track_stalls
   own_buffer = _on_cpu() and any(
       qarray_lib.is_qarray(x) and x.fmt.packed for _, x, _ in entries)
   carry0 = (olds if in_place else jax.tree.map(full, out_shapes),
