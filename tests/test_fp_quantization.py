@@ -17,6 +17,7 @@ References are ml_dtypes' casts (which we did not write), Optax at float32
 and ``optax.contrib.muon``.
 """
 
+import functools
 import tempfile
 
 import helpers
@@ -212,9 +213,15 @@ def _params():
           'n': jnp.arange(3)}
 
 
-def _train(tx, params, forward=lambda p, i: p, steps=5, start=0,
-           state=None):
-  state = tx.init(params) if state is None else state
+def _unchanged(p, i):
+  del i
+  return p
+
+
+@functools.cache
+def _train_step(tx, forward):
+  """One compiled step per (transform, forward weights), however many runs
+  it makes."""
 
   def loss(p, i):
     p = forward(p, i)
@@ -230,6 +237,12 @@ def _train(tx, params, forward=lambda p, i: p, steps=5, start=0,
     u = {**u, 'n': jnp.zeros_like(p['n'])}
     return optax.apply_updates(p, u), s
 
+  return step
+
+
+def _train(tx, params, forward=_unchanged, steps=5, start=0, state=None):
+  state = tx.init(params) if state is None else state
+  step = _train_step(tx, forward)
   for i in range(start, start + steps):
     params, state = step(params, state, i)
   return params, state
@@ -245,11 +258,11 @@ class QuantizedTrainingTest(parameterized.TestCase):
   def test_float32_formats_equal_optax(self, name, make, elementwise):
     # At M = 23 with 8 exponent bits every component is float32 exactly.
     del name
+    want, _ = _train(make(), _params())  # One reference for both roundings.
     for rounding in ('stochastic', 'nearest'):
       q = optax_q.quantized_training('e8m23', rounding=rounding)
       got, _ = _train(q.optimizer(make(), elementwise=elementwise),
                       _params(), q.weights)
-      want, _ = _train(make(), _params())
       helpers.assert_bits_equal(got, want)
 
   def test_components_reach_their_leaves(self):
@@ -381,8 +394,9 @@ class CheckpointTest(parameterized.TestCase):
   @parameterized.parameters('components', 'muon8')
   def test_resume_is_bit_identical(self, name):
     tx, forward = self._parts(name)
+    fwd = forward or _unchanged  # The same step for all three runs.
     params = _params()
-    p2, s2 = _train(tx, params, forward or (lambda p, i: p), steps=2)
+    p2, s2 = _train(tx, params, fwd, steps=2)
     with tempfile.TemporaryDirectory() as tmp:
       helpers.save(f'{tmp}/ckpt', {'params': p2, 'state': s2})
       restored = helpers.restore(f'{tmp}/ckpt', {
@@ -394,7 +408,6 @@ class CheckpointTest(parameterized.TestCase):
       with self.assertRaises(Exception):  # Another layout: shapes differ.
         helpers.restore(f'{tmp}/ckpt', {
             'params': p2, 'state': jax.eval_shape(other.init, params)})
-    fwd = forward or (lambda p, i: p)
     resumed, _ = _train(tx, restored['params'], fwd, steps=2, start=2,
                         state=restored['state'])
     straight, _ = _train(tx, params, fwd, steps=4)
