@@ -205,7 +205,7 @@ class PerFieldRoundingTest(absltest.TestCase):
       tx = optax_q.quantize_state(optax.scale_by_adam(), 'int8',
                                   rounding=rounding, min_size=0)
       state = tx.init(params)
-      _, state = tx.update(helpers.grads(0, params), state, params)
+      _, state = jax.jit(tx.update)(helpers.grads(0, params), state, params)
       runs[name] = state.inner_state
     np.testing.assert_array_equal(runs['mix'].mu['big'].codes,
                                   runs['rn'].mu['big'].codes)
