@@ -166,8 +166,16 @@ class SecondOrderMeshTest(parameterized.TestCase):
     theirs = jax.jit(tx.update)(g, state, params)
     self.assertLess(_rel(ours[0], theirs[0]), 5e-5)
 
-  @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
-  def test_well_conditioned_shampoo_run_agrees(self, axis_type):
+  def test_well_conditioned_shampoo_run_agrees(self):
+    self._well_conditioned_run(AxisType.Explicit)
+
+  # Shampoo on Auto axes stays in the default suite through the one-update
+  # test (shampoo_auto_refresh).
+  @pytest.mark.slow
+  def test_well_conditioned_shampoo_run_agrees_on_auto_axes(self):
+    self._well_conditioned_run(AxisType.Auto)
+
+  def _well_conditioned_run(self, axis_type):
     sharded, unsharded, _ = _run(
         'shampoo', axis_type, dict(FP32, matrix_eps=1e-2))
     self.assertLess(_rel(sharded[0], unsharded[0]), 5e-5)
