@@ -25,6 +25,8 @@ a level: that is asserted to come from the plain model.
 
 import multidevice  # Before jax: asks for 8 CPU devices.
 
+import functools  # noqa: E402
+
 from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
 import flax.linen as nn  # noqa: E402
@@ -48,6 +50,24 @@ def _mesh(axis_type):
                        axis_types=(axis_type, axis_type))
 
 
+@functools.cache
+def _gpt():
+  """The GPT, its tokens and its unsharded parameters (initialised once)."""
+  model = gpt.GPT(d_model=64, num_layers=2, num_heads=4, max_len=32)
+  tokens = jax.random.randint(jax.random.key(1), (8, 32), 0, 256)
+  return model, tokens, sharding.init_params(model, tokens)
+
+
+@functools.cache
+def _sharded_gpt(mode):
+  """The mesh and the GPT's parameters initialised into ``mode``'s rules."""
+  model, tokens, _ = _gpt()
+  mesh = _mesh(AxisType.Auto)
+  params, _ = sharding.init_sharded(model, tokens, mesh,
+                                    sharding.logical_rules(mode))
+  return mesh, params
+
+
 class MLP(nn.Module):
 
   @nn.compact
@@ -64,14 +84,11 @@ class QuantMeshTest(parameterized.TestCase):
 
   @parameterized.parameters('off', 'ptq', 'qat')
   def test_data_parallel_gpt_equals_unsharded(self, name):
-    model = gpt.GPT(d_model=64, num_layers=2, num_heads=4, max_len=32)
-    tokens = jax.random.randint(jax.random.key(1), (8, 32), 0, 256)
+    model, tokens, unsharded = _gpt()
     q = QUANTIZERS[name]
     fwd = jax.jit(lambda p, x: q(model.apply)({'params': p}, x))
-    want = fwd(sharding.init_params(model, tokens), tokens)
-    mesh = _mesh(AxisType.Auto)
-    params, _ = sharding.init_sharded(model, tokens, mesh,
-                                      sharding.logical_rules('data'))
+    want = fwd(unsharded, tokens)
+    mesh, params = _sharded_gpt('data')
     got = fwd(params, jax.device_put(tokens, NamedSharding(mesh, P('data'))))
     np.testing.assert_array_equal(got, want)
 
@@ -125,12 +142,8 @@ class QuantMeshTest(parameterized.TestCase):
         grad, jax.jit(jax.grad(lambda x: jnp.sum(quantizer(x) * x)))(x))
 
   def test_model_parallel_differences_come_from_the_plain_model(self):
-    model = gpt.GPT(d_model=64, num_layers=2, num_heads=4, max_len=32)
-    tokens = jax.random.randint(jax.random.key(1), (8, 32), 0, 256)
-    mesh = _mesh(AxisType.Auto)
-    params, _ = sharding.init_sharded(model, tokens, mesh,
-                                      sharding.logical_rules('model'))
-    unsharded = sharding.init_params(model, tokens)
+    model, tokens, unsharded = _gpt()
+    mesh, params = _sharded_gpt('model')
     xs = jax.device_put(tokens, NamedSharding(mesh, P('data')))
     for name in ('off', 'ptq'):
       q = QUANTIZERS[name]
