@@ -201,6 +201,55 @@ class ExamplesTest(absltest.TestCase):
   def test_docs_unchanged(self):
     self.assertEqual(_docs_status(), self.docs_before)
 
+  def test_staleness_merge(self):
+    cfg = {'steps': 10, 'b2': 0.999}
+
+    def row(config, seed, loss, period=None, fmt='fp8'):
+      return dict(config=config, format=fmt, rounding='stochastic',
+                  resets=period is not None, reset_period=period, seed=seed,
+                  final_val_loss=loss, final_train_loss=loss,
+                  nu_stalled_last_step=None, resets_done=None, state_bytes=1)
+
+    def write(name, seeds, rows, run_config=cfg):
+      meta = dict(command=f'run {name}', git_revision='abc', date='d',
+                  mode='paper', run_config=run_config, seeds=seeds,
+                  reset_fields=['mu', 'nu'], seconds=1.0)
+      path = self.dir / f'{name}.json'
+      path.write_text(json.dumps(dict(meta=meta, rows=rows)))
+      return str(path)
+
+    err = io.StringIO()
+    with self.assertRaises(SystemExit), contextlib.redirect_stderr(err):
+      study_staleness.main(['--reset-every', '0'])
+    self.assertIn('--reset-every must be positive integers', err.getvalue())
+    a = write('a', [0], [row('fp32', 0, 1.0, fmt='fp32'),
+                         row('fp8/stochastic+resets', 0, 1.5, 320)])
+    b = write('b', [0, 1], [
+        row('fp32', 0, 9.0, fmt='fp32'),  # repeated: the first file wins
+        row('fp32', 1, 2.0, fmt='fp32'),
+        row('fp8/stochastic+resets', 0, 1.25, 1000),
+        row('fp8/stochastic+resets', 1, 2.75, 1000)])
+    out = self.dir / 'staleness'
+    _quiet(study_staleness.main,
+           ['--merge', a, b, '--name', 'pooled', '--out', str(out)])
+    result = json.loads((out / 'pooled.json').read_text())
+    summary = {s['config']: s for s in result['summary']}
+    self.assertEqual(list(summary), ['fp32', 'fp8/stochastic+resets@320',
+                                     'fp8/stochastic+resets@1000'])
+    self.assertEqual(summary['fp32']['seeds'], 2)
+    self.assertAlmostEqual(summary['fp32']['mean_val_loss'], 1.5)
+    self.assertAlmostEqual(summary['fp8/stochastic+resets@1000'][
+        'mean_gap_to_fp32'], 0.5)
+    self.assertIn('From `b.json`: `run b`', (out / 'pooled.md').read_text())
+    self.assertTrue((out / 'pooled.png').is_file())
+    c = write('c', [0], [row('fp32', 0, 1.0, fmt='fp32')], {'steps': 20})
+    with self.assertRaisesRegex(ValueError, 'run configuration'):
+      study_staleness.merge([a, c], out, 'bad')
+
+
+class ConfigTest(absltest.TestCase):
+  """The scripts' shared helpers; nothing here needs ExamplesTest's runs."""
+
   def test_verdicts(self):
     rows = []
     for seed, base in enumerate((2.00, 2.02, 1.98)):
@@ -266,51 +315,6 @@ class ExamplesTest(absltest.TestCase):
     self.assertNotEmpty(mus)
     for x in mus:
       self.assertEqual(float(jnp.abs(x).max()), 0.0)
-
-  def test_staleness_merge(self):
-    cfg = {'steps': 10, 'b2': 0.999}
-
-    def row(config, seed, loss, period=None, fmt='fp8'):
-      return dict(config=config, format=fmt, rounding='stochastic',
-                  resets=period is not None, reset_period=period, seed=seed,
-                  final_val_loss=loss, final_train_loss=loss,
-                  nu_stalled_last_step=None, resets_done=None, state_bytes=1)
-
-    def write(name, seeds, rows, run_config=cfg):
-      meta = dict(command=f'run {name}', git_revision='abc', date='d',
-                  mode='paper', run_config=run_config, seeds=seeds,
-                  reset_fields=['mu', 'nu'], seconds=1.0)
-      path = self.dir / f'{name}.json'
-      path.write_text(json.dumps(dict(meta=meta, rows=rows)))
-      return str(path)
-
-    err = io.StringIO()
-    with self.assertRaises(SystemExit), contextlib.redirect_stderr(err):
-      study_staleness.main(['--reset-every', '0'])
-    self.assertIn('--reset-every must be positive integers', err.getvalue())
-    a = write('a', [0], [row('fp32', 0, 1.0, fmt='fp32'),
-                         row('fp8/stochastic+resets', 0, 1.5, 320)])
-    b = write('b', [0, 1], [
-        row('fp32', 0, 9.0, fmt='fp32'),  # repeated: the first file wins
-        row('fp32', 1, 2.0, fmt='fp32'),
-        row('fp8/stochastic+resets', 0, 1.25, 1000),
-        row('fp8/stochastic+resets', 1, 2.75, 1000)])
-    out = self.dir / 'staleness'
-    _quiet(study_staleness.main,
-           ['--merge', a, b, '--name', 'pooled', '--out', str(out)])
-    result = json.loads((out / 'pooled.json').read_text())
-    summary = {s['config']: s for s in result['summary']}
-    self.assertEqual(list(summary), ['fp32', 'fp8/stochastic+resets@320',
-                                     'fp8/stochastic+resets@1000'])
-    self.assertEqual(summary['fp32']['seeds'], 2)
-    self.assertAlmostEqual(summary['fp32']['mean_val_loss'], 1.5)
-    self.assertAlmostEqual(summary['fp8/stochastic+resets@1000'][
-        'mean_gap_to_fp32'], 0.5)
-    self.assertIn('From `b.json`: `run b`', (out / 'pooled.md').read_text())
-    self.assertTrue((out / 'pooled.png').is_file())
-    c = write('c', [0], [row('fp32', 0, 1.0, fmt='fp32')], {'steps': 20})
-    with self.assertRaisesRegex(ValueError, 'run configuration'):
-      study_staleness.merge([a, c], out, 'bad')
 
   @pytest.mark.slow  # Half a minute: the study's smoke run.
   def test_update_error_sees_the_zero_second_moment(self):
