@@ -24,6 +24,7 @@ import multidevice  # Before jax: asks for 8 CPU devices.
 import helpers  # noqa: E402
 
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import tempfile  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 import warnings  # noqa: E402
@@ -149,10 +150,16 @@ def _make(case: Case, fp32: bool) -> optax.GradientTransformation:
     return case.make(fp32)
 
 
+@functools.cache
+def _step(tx):
+  """One compiled step per transform, however many runs it makes."""
+  return jax.jit(lambda p, s, g: (lambda u, s: (
+      optax.apply_updates(p, u), s, u))(*tx.update(g, s, p)))
+
+
 def _run(tx, params, steps=STEPS, start=0, state=None):
   state = jax.jit(tx.init)(params) if state is None else state
-  step = jax.jit(lambda p, s, g: (lambda u, s: (
-      optax.apply_updates(p, u), s, u))(*tx.update(g, s, p)))
+  step = _step(tx)
   updates = []
   for i in range(start, start + steps):
     params, state, u = step(params, state, _grads(i, params))
