@@ -571,7 +571,8 @@ class EcoIntegrationTest(parameterized.TestCase):
                     1e-3, mask=lambda p: jax.tree.map(
                         lambda x: x.ndim >= 2, p))),
             {'mu': 'int8', 'nu': 'ue4m0'}, min_size=0))
-    state = tx.init(qparams)
+    # Compiled: run op by op, the init of this chain alone takes seconds.
+    state = jax.jit(tx.init)(qparams)
     self.assertTrue(all(x.fmt.bits <= 8 for x in
                         optax_q.quantized_leaves(state).values()))
 
