@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+import pytest  # noqa: E402
 
 import optax_q  # noqa: E402
 from optax_q._src import adaptive  # noqa: E402
@@ -529,6 +530,11 @@ class MeshTest(parameterized.TestCase):
 
 class TwoProcessTest(absltest.TestCase):
 
+  # Slow: about 15 s of the default suite (two worker processes and a
+  # reference run). The default suite keeps a multi-process run in
+  # test_howtos.py (shard_state_multihost, bit-identical to the unsharded
+  # run), and MeshTest takes the same decisions sharded as unsharded.
+  @pytest.mark.slow
   def test_two_processes_decide_alike(self):
     with tempfile.TemporaryDirectory() as tmp:
       outs = adaptive_worker.launch(tmp, num_processes=2)
