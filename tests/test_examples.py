@@ -584,6 +584,9 @@ class StudyOptimizersQuantizationTest(_DocsUnchanged):
 
 class ProfileStepTest(_DocsUnchanged):
 
+  # About 10 s: four sections of compiled steps. The published page's render
+  # below stays in the default suite.
+  @pytest.mark.slow
   def test_quick_profile_prints_and_writes_every_section(self):
     path, text = _quiet(profile_step.main, [
         '--quick', '--formats', 'fp8_e4m3', '--out', str(self.out)])
