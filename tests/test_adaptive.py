@@ -52,10 +52,16 @@ def _tx(**kwargs):
   return optax.chain(optax_q.adaptive_bits(ADAM, **kwargs), optax.scale(-1e-2))
 
 
+@functools.cache
+def _jitted_step(tx):
+  """One jitted step per transform (compiled once per layout it meets)."""
+  return jax.jit(adaptive_worker.step_fn(tx))
+
+
 def _train(tx, params, steps, *, start=0, state=None, relayout=True,
            grads=adaptive_worker.grads):
   """``steps`` jitted steps with a relayout after each; returns the run."""
-  step = jax.jit(adaptive_worker.step_fn(tx))
+  step = _jitted_step(tx)
   state = tx.init(params) if state is None else state
   layouts = []
   for i in range(start, start + steps):
@@ -64,6 +70,20 @@ def _train(tx, params, steps, *, start=0, state=None, relayout=True,
       state = optax_q.relayout(state, step=i + 1)
     layouts.append(optax_q.bit_layout(state))
   return params, state, layouts, step
+
+
+@functools.cache
+def _annealed_tx():
+  """The transform of the checkpoint and mesh tests (one object, so that
+  its compiled steps are shared)."""
+  return _tx(anneal=1.0, anneal_steps=8)
+
+
+@functools.cache
+def _annealed_run():
+  """Its unsharded 12-step run (run once): params, state, layouts."""
+  p, s, layouts, _ = _train(_annealed_tx(), adaptive_worker.params(), 12)
+  return p, s, layouts
 
 
 class ArgumentsTest(parameterized.TestCase):
@@ -389,9 +409,10 @@ class DecisionTest(parameterized.TestCase):
 
   def test_finite_state_under_huge_and_tiny_gradients(self):
     params = self._params()
+    tx = _tx()  # One transform: its steps compile once per layout.
     for scale in (1e-30, 1e17):  # (Larger: float32 Adam overflows in g**2.)
       _, state, _, _ = _train(
-          _tx(), params, 8,
+          tx, params, 8,
           grads=lambda i, s=scale: jax.tree.map(
               lambda g: g * s, adaptive_worker.grads(i)))
       for q in optax_q.quantized_leaves(state).values():
@@ -409,8 +430,8 @@ class CheckpointTest(absltest.TestCase):
   def test_resumed_run_is_bit_identical_formats_included(self):
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
     params = adaptive_worker.params()
-    tx = _tx(anneal=1.0, anneal_steps=8)
-    want_p, want_s, _, _ = _train(tx, params, 12)
+    tx = _annealed_tx()
+    want_p, want_s, _ = _annealed_run()
     p, s, _, _ = _train(tx, params, 6)
     layout = optax_q.bit_layout(s)
     self.assertNotEqual(layout, optax_q.bit_layout(tx.init(params)))
@@ -463,17 +484,6 @@ class NnxTest(absltest.TestCase):
     self.assertTrue(bool(jnp.all(jnp.isfinite(model.kernel.value))))
 
 
-def _mesh_tx():
-  return _tx(anneal=1.0, anneal_steps=8)
-
-
-@functools.cache
-def _unsharded_mesh_run():
-  """The unsharded run both mesh tests compare with (run once)."""
-  want_p, _, want_layouts, _ = _train(_mesh_tx(), adaptive_worker.params(), 12)
-  return want_p, want_layouts
-
-
 class MeshTest(parameterized.TestCase):
 
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
@@ -485,8 +495,8 @@ class MeshTest(parameterized.TestCase):
     specs = {'big': P('data', 'model'), 'calm': P('model', None),
              'spiky': P(None, 'data')}
     shardings = {k: NamedSharding(mesh, s) for k, s in specs.items()}
-    tx = _mesh_tx()
-    want_p, want_layouts = _unsharded_mesh_run()
+    tx = _annealed_tx()
+    want_p, _, want_layouts = _annealed_run()
 
     sharded = jax.device_put(params, shardings)
     state = jax.tree.map(
