@@ -30,6 +30,7 @@ import optax
 import optax_q
 from optax_q._src import packing
 from optax_q._src import qarray
+import pytest
 
 # QLoRA's NF4 values as the paper's code lists them (Dettmers et al. 2023,
 # arXiv 2305.14314, appendix E), to 7 decimals.
@@ -139,14 +140,38 @@ def _stochastic(x, fmt, n=4096):
   return np.asarray(optax_q.dequantize(q))[:, 1:].ravel()
 
 
+_ODD_FORMATS = (('nf3', 'block'), ('ue4m0@rsqrt', 'block_pow2'),
+                ('int3_mulaw', 'row'), ('nf3', 'tensor'),
+                ('int4', 'block_pow2'), ('ue3m0', 'block_pow2'))
+_ODD_SHAPES = ((), (0,), (3, 0), (2, 3, 5), (1,), (9,))
+# The default suite: every format with three of the shapes and every shape
+# with two to four formats, each scale mode with the scalar, an empty shape
+# and (block, row, power-of-two) the rank-3 one; every pair is slow.
+_SOME_ODD = (
+    (_ODD_FORMATS[0], ()), (_ODD_FORMATS[0], (3, 0)),
+    (_ODD_FORMATS[0], (2, 3, 5)),
+    (_ODD_FORMATS[1], (0,)), (_ODD_FORMATS[1], (1,)), (_ODD_FORMATS[1], (9,)),
+    (_ODD_FORMATS[2], ()), (_ODD_FORMATS[2], (0,)),
+    (_ODD_FORMATS[2], (2, 3, 5)),
+    (_ODD_FORMATS[3], ()), (_ODD_FORMATS[3], (3, 0)), (_ODD_FORMATS[3], (9,)),
+    (_ODD_FORMATS[4], ()), (_ODD_FORMATS[4], (2, 3, 5)),
+    (_ODD_FORMATS[4], (1,)),
+    (_ODD_FORMATS[5], (0,)), (_ODD_FORMATS[5], (3, 0)), (_ODD_FORMATS[5], (9,)),
+)
+
+
 class OddShapeTest(parameterized.TestCase):
 
-  @parameterized.product(
-      name_and_mode=(('nf3', 'block'), ('ue4m0@rsqrt', 'block_pow2'),
-                     ('int3_mulaw', 'row'), ('nf3', 'tensor'),
-                     ('int4', 'block_pow2'), ('ue3m0', 'block_pow2')),
-      shape=((), (0,), (3, 0), (2, 3, 5), (1,), (9,)))
+  @parameterized.parameters(*_SOME_ODD)
   def test_round_trip(self, name_and_mode, shape):
+    self._check_round_trip(name_and_mode, shape)
+
+  @parameterized.product(name_and_mode=_ODD_FORMATS, shape=_ODD_SHAPES)
+  @pytest.mark.slow
+  def test_round_trip_every_pair(self, name_and_mode, shape):
+    self._check_round_trip(name_and_mode, shape)
+
+  def _check_round_trip(self, name_and_mode, shape):
     name, scale_mode = name_and_mode
     # A constant block is its own maximum: exact in every scale mode.
     x = jnp.full(shape, 4.0) if shape else jnp.float32(4.0)
