@@ -247,9 +247,9 @@ class StatisticsTest(parameterized.TestCase):
     self.assertEqual((float(n), float(r)), (0.0, 0.0))
     tx = _tx(period=1, patience=1)
     params = {'w': jnp.ones((8, 64)), 'v': jnp.ones((8, 64))}
-    state = tx.init(params)
+    state = jax.jit(tx.init)(params)  # Compiled: op by op takes seconds.
     bad = {'w': jnp.full((8, 64), jnp.nan), 'v': jnp.ones((8, 64))}
-    _, state = tx.update(bad, state, params)
+    _, state = jax.jit(tx.update)(bad, state, params)
     stats = state[0].stats
     self.assertEqual(stats.samples.tolist(), [1, 0])  # ('v', 'w') order.
     self.assertTrue(np.all(np.isfinite(stats.magnitude)))

@@ -284,9 +284,9 @@ class ConfigTest(absltest.TestCase):
     self.assertEqual((mix.name, mix.rounding), ('fp8_e4m3/mix', 'hybrid'))
     tx = _common.make_optimizer(mix, _common.RunConfig(), seed=1)
     params = {'w': jnp.ones((64, 128)), 'b': jnp.ones((64,))}
-    state = tx.init(params)
+    state = jax.jit(tx.init)(params)  # Compiled: op by op takes seconds.
     grads = jax.tree.map(lambda p: 0.1 * p, params)
-    _, state = tx.update(grads, state, params)
+    _, state = jax.jit(tx.update)(grads, state, params)
     leaves = optax_q.quantized_leaves(state)
     self.assertLen(leaves, 2)  # mu and nu of 'w'
 
