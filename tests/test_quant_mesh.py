@@ -37,6 +37,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 import numpy as np  # noqa: E402
 from optax_q import quant  # noqa: E402
+import pytest  # noqa: E402
 
 from models import gpt  # noqa: E402
 from models import sharding  # noqa: E402
@@ -92,9 +93,19 @@ class QuantMeshTest(parameterized.TestCase):
     got = fwd(params, jax.device_put(tokens, NamedSharding(mesh, P('data'))))
     np.testing.assert_array_equal(got, want)
 
-  @parameterized.product(name=('ptq', 'qat'),
-                         axis_type=(AxisType.Auto, AxisType.Explicit))
+  # The default suite: PTQ on Auto axes and QAT on Explicit ones; the other
+  # two pairs are slow.
+  @parameterized.parameters(('ptq', AxisType.Auto), ('qat', AxisType.Explicit))
   def test_data_parallel_mlp_equals_unsharded(self, name, axis_type):
+    self._check_data_parallel_mlp(name, axis_type)
+
+  @parameterized.parameters(('ptq', AxisType.Explicit), ('qat', AxisType.Auto))
+  @pytest.mark.slow
+  def test_data_parallel_mlp_equals_unsharded_other_axes(self, name,
+                                                          axis_type):
+    self._check_data_parallel_mlp(name, axis_type)
+
+  def _check_data_parallel_mlp(self, name, axis_type):
     model, q = MLP(), QUANTIZERS[name]
     x = jax.random.normal(jax.random.key(2), (16, 4, 32))
     params = model.init(jax.random.key(0), x)
