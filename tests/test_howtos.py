@@ -23,6 +23,7 @@ import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -45,7 +46,6 @@ class HowToTest(parameterized.TestCase):
       ('linen_train_state', ['--steps', '8', '--save-at', '4'],
        'bit-identical: True'),
       ('formats_and_schedules', ['--steps', '3'], 'int4_unsigned'),
-      ('shard_state', ['--steps', '2'], 'bit-identical: True'),
       ('memory_budget', ['--budget-mib', '40'], 'MiB: fp8'),
   )
   def test_runs_and_checks(self, name, argv, expected):
@@ -77,6 +77,12 @@ class HowToTest(parameterized.TestCase):
     self.assertIn(expected, out.getvalue())
 
   def test_shard_state_on_8_devices(self):
+    if jax.device_count() >= 8:
+      # A mesh test module asked for 8 devices before jax started: the
+      # script runs here (its result is checked as in a fresh process).
+      self._check('shard_state', ['--steps', '2'],
+                  "8 devices; mu codes P(None, 'model')")
+      return
     env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
                JAX_PLATFORMS='cpu')
     result = subprocess.run(
