@@ -467,9 +467,9 @@ def _static_index(x: jax.Array, table: tuple[float, ...], mode: str,
   word = lookup(words, (k + (_U32(1) - negative) * _U32(nk)).astype(jnp.int32))
   step = word >> 10
   # x >= the step's value: a larger magnitude for a positive x, a smaller
-  # one for a negative x. NaN stays below the step (a float comparison).
+  # one for a negative x. (A NaN gets some index of the table; the encoders
+  # map NaN before searching.)
   above = jnp.where(negative == 1, offset <= step, offset >= step)
-  above = above & ~jnp.isnan(x)
   rise = jnp.where(above, (word >> 8) & _U32(3), _U32(0))
   return ((word & _U32(0xFF)) + rise).astype(jnp.int32)
 
