@@ -53,6 +53,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from optax_q._src import fusion
 from optax_q._src import kernels
 from optax_q._src import qarray as qarray_lib
 
@@ -134,10 +135,6 @@ def _structure(x):
 
 def _is_scaled(x: Any) -> bool:
   return qarray_lib.is_qarray(x) and x.scale is not None
-
-
-def _on_cpu() -> bool:
-  return jax.default_backend() == 'cpu'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -401,19 +398,6 @@ def _sources(entries) -> list[Any]:
           for _, x, _ in entries]
 
 
-def _apart(fn: Callable[[], Any], t: jax.Array) -> Any:
-  """``fn()``, computed into buffers of its own (``t`` is never negative).
-
-  A conditional whose predicate always holds: XLA:CPU materializes its
-  results instead of fusing ``fn``'s elementwise work into each consumer,
-  where it would be computed again per consumer (and an in-place fusion
-  runs on one core). Elsewhere a conditional may cost a host round trip.
-  """
-  shapes = jax.eval_shape(fn)
-  return lax.cond(t >= 0, fn, lambda: jax.tree.map(
-      lambda s: jnp.zeros(s.shape, s.dtype), shapes))
-
-
 def _tile_state(run: _Run, entries, g, p, src, tile_shape, keys, *,
                 row_stride: int, row_offset, apart: bool = False,
                 **call_args):
@@ -423,8 +407,9 @@ def _tile_state(run: _Run, entries, g, p, src, tile_shape, keys, *,
   else its array; ``keys`` the entries' stochastic-rounding keys (None:
   nearest). The tile is rows ``row_offset, row_offset + row_stride, ...``
   of the leaf. With ``apart``, the new moments are computed once, into a
-  tile buffer (see `_apart`), before the block maxima, the infinity flags
-  and the encoder read them. Returns ``(outputs, unchanged counts)``.
+  tile buffer (see `fusion.apart`), before the block maxima, the infinity
+  flags and the encoder read them, and so are the blocks' scales before
+  the encoder reads them. Returns ``(outputs, unchanged counts)``.
   """
   stored = []
   for (_, x, _), old in zip(entries, src):
@@ -435,14 +420,15 @@ def _tile_state(run: _Run, entries, g, p, src, tile_shape, keys, *,
     stored.append(old)
   inner = lambda: run.call(  # noqa: E731
       g, p, stored, run.roundings(entries), **call_args)[1]
-  shaped = _apart(inner, row_offset) if apart else inner()
+  shaped = fusion.apart(inner, row_offset) if apart else inner()
   outs, counts = [], []
   for (_, x, _), q_old, n, key in zip(entries, stored, shaped, keys):
     if not qarray_lib.is_qarray(x):
       outs.append(n)
       continue
     q = qarray_lib.encode_like(q_old, n, key=key, row_stride=row_stride,
-                               row_offset=row_offset)
+                               row_offset=row_offset,
+                               apart_on=row_offset if apart else None)
     outs.append((_to_bits(q.codes), q.scale))
     if run.track_stalls:
       counts.append(qarray_lib.unchanged_count(q_old, q))
@@ -457,7 +443,7 @@ def _tile_step(run: _Run, entries, g_split, p_split, tiles: int,
       None if p_split is None else _take(p_split, t),
       jax.tree.map(lambda b: _take(b, t), src), tile_shape,
       [run.key_for(i) for _, _, i in entries], row_stride=tiles,
-      row_offset=t, apart=_on_cpu() and any(
+      row_offset=t, apart=fusion.on_cpu() and any(
           _is_scaled(x) for _, x, _ in entries))
 
 
@@ -528,7 +514,7 @@ def _tile_kernel(run: _Run, lay: Layout, entries, g, p, tiles: int, *,
     outs, _ = _tile_state(
         run, entries, *read, src, tile_shape, shared[1], row_stride=1,
         row_offset=t * rows, shared=shared[0], barrier=interpret,
-        apart=interpret and _on_cpu())
+        apart=interpret and fusion.on_cpu())
     return outs
 
   run_kernel = functools.partial(kernels.tile_map, step, tiles=tiles,
@@ -565,7 +551,7 @@ def _tile_loop(run: _Run, entries, step, olds, tiles: int):
   full = lambda s: jnp.zeros(  # noqa: E731
       (s.shape[0], tiles) + s.shape[1:], s.dtype)
   in_place = not run.track_stalls
-  own_buffer = _on_cpu() and any(
+  own_buffer = fusion.on_cpu() and any(
       qarray_lib.is_qarray(x) and x.fmt.packed for _, x, _ in entries)
   carry0 = (olds if in_place else jax.tree.map(full, out_shapes),
             [jnp.zeros((), jnp.float32) for _ in count_shapes])
@@ -581,7 +567,7 @@ def _tile_loop(run: _Run, entries, step, olds, tiles: int):
       # int4 19.6 -> 15.1 ms (nearest) and 22.9 -> 17.1 ms (stochastic);
       # fp8 and int8_dynamic unchanged (re-measured with the moments
       # computed apart), so only packed codes take it.
-      outs, new_counts = _apart(lambda: step(t, src), t)
+      outs, new_counts = fusion.apart(lambda: step(t, src), t)
     else:
       outs, new_counts = step(t, src)
     bufs = jax.tree.map(

@@ -71,6 +71,7 @@ import numpy as np
 
 from optax_q._src import explicit
 from optax_q._src import formats as formats_lib
+from optax_q._src import fusion
 from optax_q._src import minifloat
 from optax_q._src import packing
 from optax_q._src import rounding as rounding_lib
@@ -388,7 +389,12 @@ def apply_inverse_scale(xb: jax.Array, scale: jax.Array) -> jax.Array:
   last bit. Zero and NaN scales leave the values as they are (an all-zero
   block; a NaN block decodes to NaN by its scale).
   """
-  pre, inv = _reciprocal(scale)
+  return _times_reciprocal(xb, *_reciprocal(scale))
+
+
+def _times_reciprocal(xb: jax.Array, pre: jax.Array, inv: jax.Array
+                      ) -> jax.Array:
+  """``(xb * pre[..., None]) * inv[..., None]``: see `_reciprocal`."""
   return (xb * pre[..., None]) * inv[..., None]
 
 
@@ -493,6 +499,7 @@ def encode(
     dtype: Any = None,
     row_stride: int = 1,
     row_offset: jax.Array | int = 0,
+    apart_on: jax.Array | None = None,
 ) -> QArray:
   """Encodes ``x`` with a fixed layout; ``key`` set means stochastic.
 
@@ -500,6 +507,12 @@ def encode(
   ``row_offset, row_offset + row_stride, ...`` of a larger array: its
   stochastic-rounding bits are then that array's (blocks lie along the last
   axis, so a tile's scales and codes equal the larger array's).
+
+  ``apart_on``, a traced non-negative scalar (a loop's tile index), has the
+  per-block scales of ``'block'`` layouts computed into buffers of their
+  own (`fusion.apart`) before the encoder reads them: XLA:CPU otherwise
+  fuses them into the encoder and computes each block's scale and its
+  reciprocal (a division) once per element. The same codes and scales.
   """
   sr_rows = dict(row_stride=row_stride, row_offset=row_offset)
   shape = tuple(x.shape)
@@ -516,7 +529,7 @@ def encode(
     codes, scale = _encode_rank1(xf, fmt, key, sr_rows)
   else:
     codes, scale = _encode_scaled(xf, fmt, scale_mode, block_size, key,
-                                  sr_rows)
+                                  sr_rows, apart_on)
   if fmt.packed:
     codes = packing.pack(codes, fmt.bits)
   if not shape:
@@ -529,29 +542,38 @@ def encode(
                 block_size if scale_mode in BLOCK_MODES else 0)
 
 
-def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows):
+def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows,
+                   apart_on=None):
   """Unpacked codes and stored scales of float32 ``xf`` (rank >= 1)."""
   xb = _blocked(xf, scale_mode, block_size)
   is_inf = jnp.isinf(xb)
   # The scale follows the finite values (NaN propagates into it); an
   # infinity takes the grid's end code of its sign, and its block's
   # scale is stored negated (sign bit set) to say so.
-  absmax, has_inf = finite_maxima(xb, is_inf, axis=-1)
-  target, inverse = block_targets(fmt, has_inf)
   u = (None if key is None
        else rounding_lib.uniform(key, xb.shape, **sr_rows))
-  if scale_mode == 'block_pow2':
-    stored = pow2_scale(absmax, target, has_inf)
-    y = scale_by_exponent(xb, stored, inverse=True)
-  elif fmt.expand:
-    steps = range_exponent(xb, ~is_inf, absmax, fmt)
-    stored = with_exponent(absmax, steps)
-    y = _expand(apply_inverse_scale(xb, group_maximum(stored)), steps, target)
-    stored = jnp.where(has_inf, -stored, stored)
+  if scale_mode == 'block_pow2' or fmt.expand:
+    absmax, has_inf = finite_maxima(xb, is_inf, axis=-1)
+    target, inverse = block_targets(fmt, has_inf)
+    if scale_mode == 'block_pow2':
+      stored = pow2_scale(absmax, target, has_inf)
+      y = scale_by_exponent(xb, stored, inverse=True)
+    else:
+      steps = range_exponent(xb, ~is_inf, absmax, fmt)
+      stored = with_exponent(absmax, steps)
+      y = _expand(apply_inverse_scale(xb, group_maximum(stored)), steps,
+                  target)
+      stored = jnp.where(has_inf, -stored, stored)
   else:
-    scale = block_scale(absmax, target, inverse)
-    y = apply_inverse_scale(xb, scale)
-    stored = jnp.where(has_inf, -scale, scale)
+    def per_block():
+      absmax, has_inf = finite_maxima(xb, is_inf, axis=-1)
+      target, inverse = block_targets(fmt, has_inf)
+      scale = block_scale(absmax, target, inverse)
+      return target, jnp.where(has_inf, -scale, scale), _reciprocal(scale)
+    target, stored, reciprocal = (
+        per_block() if apart_on is None
+        else fusion.apart(per_block, apart_on))
+    y = _times_reciprocal(xb, *reciprocal)
   # A block's finite values stay inside its target (a saturated scale may
   # leave them above it), so that only infinities take the end codes.
   limit = target[..., None]
@@ -882,17 +904,18 @@ def encode_like(
     key: jax.Array | None,
     row_stride: int = 1,
     row_offset: jax.Array | int = 0,
+    apart_on: jax.Array | None = None,
 ) -> QArray:
   """Encodes ``x`` with the layout of ``q`` (format, scales, logical dtype).
 
   The one way the library re-encodes a stored leaf (after an update, at a
-  reset, tile by tile): ``x`` is taken as float32. ``key``, ``row_stride``
-  and ``row_offset`` are as for `encode`.
+  reset, tile by tile): ``x`` is taken as float32. ``key``, ``row_stride``,
+  ``row_offset`` and ``apart_on`` are as for `encode`.
   """
   return encode(
       jnp.asarray(x, jnp.float32), q.fmt, scale_mode=q.scale_mode,
       block_size=q.block_size or 2, key=key, dtype=q.dtype,
-      row_stride=row_stride, row_offset=row_offset)
+      row_stride=row_stride, row_offset=row_offset, apart_on=apart_on)
 
 
 def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
