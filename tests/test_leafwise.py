@@ -23,6 +23,8 @@ single leaf, as it does for Optax's own update: they agree to float32
 rounding.
 """
 
+from unittest import mock
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -34,6 +36,7 @@ import pytest
 import optax_q
 
 import helpers
+from optax_q._src import fusion
 from optax_q._src import leafwise
 from optax_q._src import rounding as rounding_lib
 
@@ -194,6 +197,36 @@ class TilingTest(parameterized.TestCase):
     want, _, _ = _run(optax.scale_by_adam(), params)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
       np.testing.assert_array_equal(a, b)
+
+
+class ApartTest(parameterized.TestCase):
+  """On CPU the moments and the block scales are computed apart (tiled and
+  untiled leaves); that changes where values are computed, never the
+  state or the update: the same bits as the fused program."""
+
+  @parameterized.parameters(('fp8_e4m3', 'nearest'),
+                            ('int8_dynamic', 'stochastic'),
+                            ('int4', 'stochastic'))
+  def test_same_bits_as_fused(self, fmt, rounding):
+    tx = optax_q.quantize_state(
+        optax.scale_by_adam(), fmt, rounding=rounding, min_size=0,
+        elementwise=True, tile_size=4096, track_stalls=False)
+    params = _params()
+    del params['rank3']  # tiled like 'big'
+    params['one_call'] = params['big'][:8] * 2  # 3072 elements: untiled
+    conds = lambda: str(jax.make_jaxpr(tx.update)(  # noqa: E731
+        params, tx.init(params), params)).count('cond[')
+    # Traces are cached across the two programs: start each afresh.
+    jax.clear_caches()
+    got, apart = _run(tx, params, steps=2), conds()
+    jax.clear_caches()
+    with mock.patch.object(fusion, 'on_cpu', lambda: False):
+      want, fused = _run(tx, params, steps=2), conds()
+    jax.clear_caches()
+    self.assertGreater(apart, fused)
+    bits = lambda x: np.asarray(x).reshape(-1).view(np.uint8)  # noqa: E731
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(bits(a), bits(b))
 
 
 class PerFieldRoundingTest(absltest.TestCase):

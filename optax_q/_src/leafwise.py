@@ -293,15 +293,26 @@ class _Run(NamedTuple):
 
 
 def _untiled(run: _Run, lay: Layout, j: int, stalled: dict[int, Any]):
-  """Parameter ``j`` in one isolated call; its new state is encoded here."""
+  """Parameter ``j`` in one isolated call; its new state is encoded here.
+
+  On XLA:CPU, with block-scaled codes, the call's results (the update and
+  the new moments) and the blocks' scales are computed apart, as in the
+  tiled loop (`fusion.apart`; not for a leaf sharded along explicit mesh
+  axes, whose conditional would need its branches' shardings spelled out).
+  """
   entries = lay.entries(j)
-  u, shaped, rest = run.call(
+  apart = (fusion.on_cpu() and any(_is_scaled(x) for _, x, _ in entries)
+           and not any(_explicitly_sharded(x) for x in jax.tree.leaves(
+               (lay.grads[j], lay.param(j), [x for _, x, _ in entries]))))
+  token = fusion.token() if apart else None
+  call = lambda: run.call(  # noqa: E731
       lay.grads[j], lay.param(j), [x for _, x, _ in entries],
       run.roundings(entries))
+  u, shaped, rest = fusion.apart(call, token) if apart else call()
   new = []
   for (_, x, i), n in zip(entries, shaped):
     if qarray_lib.is_qarray(x):
-      n = qarray_lib.encode_like(x, n, key=run.key_for(i))
+      n = qarray_lib.encode_like(x, n, key=run.key_for(i), apart_on=token)
       if run.track_stalls:
         stalled[i] = stall(x, n)
     new.append(n)
