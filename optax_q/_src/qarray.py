@@ -508,11 +508,13 @@ def encode(
   stochastic-rounding bits are then that array's (blocks lie along the last
   axis, so a tile's scales and codes equal the larger array's).
 
-  ``apart_on``, a traced non-negative scalar (a loop's tile index), has the
-  per-block scales of ``'block'`` layouts computed into buffers of their
-  own (`fusion.apart`) before the encoder reads them: XLA:CPU otherwise
-  fuses them into the encoder and computes each block's scale and its
-  reciprocal (a division) once per element. The same codes and scales.
+  ``apart_on``, a traced non-negative scalar (a loop's tile index, or
+  `fusion.token`), has the scales of ``'block'``, ``'row'`` and
+  ``'tensor'`` layouts computed into buffers of their own (`fusion.apart`)
+  before the encoder reads them: XLA:CPU otherwise fuses them into the
+  encoder and computes each block's scale and its reciprocal (a division)
+  once per element. The same codes and scales. (Power-of-two scales, range
+  expansion and rank-1 maxima ignore it.)
   """
   sr_rows = dict(row_stride=row_stride, row_offset=row_offset)
   shape = tuple(x.shape)
