@@ -292,18 +292,24 @@ class _Run(NamedTuple):
     return [self.rounding_for(i) for _, _, i in entries]
 
 
+def _computes_apart(entries, *arrays) -> bool:
+  """Whether a parameter's update computes its new moments and block scales
+  apart (`fusion.apart`): on XLA:CPU, with block-scaled codes, and not for
+  arrays sharded along explicit mesh axes (the conditional would need its
+  branches' shardings spelled out; such leaves are never tiled)."""
+  return (fusion.on_cpu() and any(_is_scaled(x) for _, x, _ in entries)
+          and not any(map(_explicitly_sharded, jax.tree.leaves(
+              (arrays, [x for _, x, _ in entries])))))
+
+
 def _untiled(run: _Run, lay: Layout, j: int, stalled: dict[int, Any]):
   """Parameter ``j`` in one isolated call; its new state is encoded here.
 
-  On XLA:CPU, with block-scaled codes, the call's results (the update and
-  the new moments) and the blocks' scales are computed apart, as in the
-  tiled loop (`fusion.apart`; not for a leaf sharded along explicit mesh
-  axes, whose conditional would need its branches' shardings spelled out).
+  Where `_computes_apart`, the call's results (the update and the new
+  moments) and the blocks' scales are computed apart, as in the tiled loop.
   """
   entries = lay.entries(j)
-  apart = (fusion.on_cpu() and any(_is_scaled(x) for _, x, _ in entries)
-           and not any(_explicitly_sharded(x) for x in jax.tree.leaves(
-               (lay.grads[j], lay.param(j), [x for _, x, _ in entries]))))
+  apart = _computes_apart(entries, lay.grads[j], lay.param(j))
   token = fusion.token() if apart else None
   call = lambda: run.call(  # noqa: E731
       lay.grads[j], lay.param(j), [x for _, x, _ in entries],
@@ -454,8 +460,7 @@ def _tile_step(run: _Run, entries, g_split, p_split, tiles: int,
       None if p_split is None else _take(p_split, t),
       jax.tree.map(lambda b: _take(b, t), src), tile_shape,
       [run.key_for(i) for _, _, i in entries], row_stride=tiles,
-      row_offset=t, apart=fusion.on_cpu() and any(
-          _is_scaled(x) for _, x, _ in entries))
+      row_offset=t, apart=_computes_apart(entries))
 
 
 def _tiled(run: _Run, lay: Layout, j: int, tiles: int,

@@ -470,18 +470,16 @@ def _static_index(x: jax.Array, table: tuple[float, ...], mode: str,
   first = jnp.where(k == 0, _U32(0), (k << shift) + _U32(elo << 23))
   offset = mag - first
   if words.size == nk:
-    # No negative entries: x is +-0 or positive (and -0 is +0's bucket 0,
-    # whose step, if any, lies above zero).
-    word = lookup(words, k.astype(jnp.int32))
-    above = offset >= (word >> 10)
-  else:
-    word = lookup(words,
-                  (k + (_U32(1) - negative) * _U32(nk)).astype(jnp.int32))
-    step = word >> 10
-    # x >= the step's value: a larger magnitude for a positive x, a smaller
-    # one for a negative x. (A NaN gets some index of the table; the
-    # encoders map NaN before searching.)
-    above = jnp.where(negative == 1, offset <= step, offset >= step)
+    # No negative entries, no negative buckets: x is +-0 or positive, and
+    # -0 is +0 (bucket 0, whose step, if any, lies above zero).
+    negative = _U32(0)
+  word = lookup(words, (k + (_U32(1) - negative) * _U32(words.size - nk))
+                .astype(jnp.int32))
+  step = word >> 10
+  # x >= the step's value: a larger magnitude for a positive x, a smaller
+  # one for a negative x. (A NaN gets some index of the table; the encoders
+  # map NaN before searching.)
+  above = jnp.where(negative == 1, offset <= step, offset >= step)
   rise = jnp.where(above, (word >> 8) & _U32(3), _U32(0))
   return ((word & _U32(0xFF)) + rise).astype(jnp.int32)
 
