@@ -284,6 +284,9 @@ def round_to_table(
 # Tables up to this size use a chain of comparisons; larger ones a bucketed
 # lookup on the float's exponent and top mantissa bits.
 _CHAIN_MAX_STEPS = 32
+# Steps of the bucketed lookup lie below this offset in their bucket, and
+# element offsets are clamped to it: ``(offset - step) * 1024`` fits int32.
+_MAX_STEP_OFFSET = 1 << 20
 
 
 def _ordered(v: np.ndarray) -> np.ndarray:
@@ -383,9 +386,10 @@ def _bucket_lut(table: tuple[float, ...], mode: str, space: str):
   ``+-0``, and ``-0`` takes the index of ``+0``): half the words, fewer
   cache misses for the gather.
 
-  Returns ``(elo, m, nk, words)``, or ``None`` where a table does not fit
-  the word (more than 256 entries, a rise over 3, an offset of 2**22 or
-  more); such a table has no bucketed lookup.
+  Returns ``(elo, m, nk, words)`` (``words`` int32), or ``None`` where a
+  table does not fit the word (more than 256 entries, a rise over 3, an
+  offset of ``_MAX_STEP_OFFSET`` or more); such a table has no bucketed
+  lookup.
   """
   start, thr, vals = _table_steps(table, mode, space)
   t = np.asarray(table, np.float32)
@@ -417,9 +421,9 @@ def _bucket_lut(table: tuple[float, ...], mode: str, space: str):
   step_mag = np.abs(thr_k[np.minimum(first, thr_k.size - 1)])
   offset = np.where(has, step_mag - np.concatenate([mag_lo, mag_lo]), 0)
   if (t.size > 256 or np.any(rise > 3) or np.any(offset < 0)
-      or np.any(offset >= 1 << 22) or np.any(has & (rise == 0))):
+      or np.any(offset >= _MAX_STEP_OFFSET) or np.any(has & (rise == 0))):
     return None
-  words = (below | (rise << 8) | (offset << 10)).astype(np.uint32)
+  words = (below | (rise << 8) | (offset << 10)).astype(np.int32)
   if t[0] >= 0:
     words = words[nk:]
   return elo, m, nk, words
@@ -468,20 +472,27 @@ def _static_index(x: jax.Array, table: tuple[float, ...], mode: str,
   k = jnp.minimum((jnp.maximum(mag, _U32(elo << 23)) >> shift)
                   - _U32(elo << m), _U32(nk - 1))
   first = jnp.where(k == 0, _U32(0), (k << shift) + _U32(elo << 23))
-  offset = mag - first
+  # Clamped above every step (bucket 0 takes every magnitude below elo):
+  # the comparisons with the step are the same.
+  offset = jnp.minimum(mag - first, _U32(_MAX_STEP_OFFSET)).astype(jnp.int32)
   if words.size == nk:
     # No negative entries, no negative buckets: x is +-0 or positive, and
     # -0 is +0 (bucket 0, whose step, if any, lies above zero).
     negative = _U32(0)
   word = lookup(words, (k + (_U32(1) - negative) * _U32(words.size - nk))
                 .astype(jnp.int32))
-  step = word >> 10
+  # The word is read once, as XLA:CPU fuses a gather into its consumer only
+  # where the gather has one user (else it writes the words out and reads
+  # them back): ``e = (offset - step) * 1024 - low`` with ``low`` the word's
+  # bits 0-9 (index and rise), both recovered from ``e``.
+  e = (offset << 10) - word
+  low = (-e) & jnp.int32(1023)
+  diff = (e + low) >> 10  # offset - step
   # x >= the step's value: a larger magnitude for a positive x, a smaller
   # one for a negative x. (A NaN gets some index of the table; the encoders
   # map NaN before searching.)
-  above = jnp.where(negative == 1, offset <= step, offset >= step)
-  rise = jnp.where(above, (word >> 8) & _U32(3), _U32(0))
-  return ((word & _U32(0xFF)) + rise).astype(jnp.int32)
+  above = jnp.where(negative == 1, diff <= 0, diff >= 0)
+  return (low & jnp.int32(0xFF)) + jnp.where(above, low >> 8, jnp.int32(0))
 
 
 def _round_to_static_table(x, table, u, space, ties='down'):
@@ -500,5 +511,22 @@ def _round_to_static_table(x, table, u, space, ties='down'):
       hi_v = jnp.where(hit, t[i + 1], hi_v)
   else:
     lo_v = lookup(t, lo)
+    gaps = _gaps(table) if space == 'linear' else None
+    if gaps is not None:
+      # The same fraction, each gathered value read once (see
+      # `_static_index`): the gap to the next entry from a table.
+      return lo + (u < (x - lo_v) / lookup(gaps, lo)).astype(jnp.int32)
     hi_v = lookup(t, lo + 1)
   return lo + (u < _fraction(x, lo_v, hi_v, space)).astype(jnp.int32)
+
+
+@functools.cache
+def _gaps(table: tuple[float, ...]) -> np.ndarray | None:
+  """``t[i + 1] - t[i]`` in float32 (the traced difference, rounded the
+  same), for a table whose gaps are all normal floats (none flushed, none
+  zero: ``_fraction``'s guard never applies); else ``None``."""
+  t = np.asarray(table, np.float32)
+  gaps = (t[1:] - t[:-1]).astype(np.float32)
+  if not np.all(gaps >= np.finfo(np.float32).tiny):
+    return None
+  return gaps
