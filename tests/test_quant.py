@@ -253,11 +253,15 @@ class LinearQuantizationTest(parameterized.TestCase):
   def test_context_manager_and_wrapper_agree(self):
     model, params, tokens = _tiny_gpt()
     q = quant.qat(4)
+    # Compiled, as in a training step (a new function each time, so that
+    # no trace is shared): traced inside the context, with the wrapper, and
+    # outside both.
+    apply = lambda: jax.jit(lambda v, t: model.apply(v, t))
     with q:
-      inside = model.apply({'params': params}, tokens)
-    outside = model.apply({'params': params}, tokens)
+      inside = apply()({'params': params}, tokens)
+    outside = apply()({'params': params}, tokens)
     np.testing.assert_array_equal(
-        inside, q(model.apply)({'params': params}, tokens))
+        inside, jax.jit(q(model.apply))({'params': params}, tokens))
     self.assertFalse(np.array_equal(inside, outside))
 
   @parameterized.parameters(
@@ -335,6 +339,8 @@ class ErrorDecompositionTest(parameterized.TestCase):
   def test_a_plus_b_plus_c_is_r_in_every_gpt_layer(self):
     model, params, tokens = _tiny_gpt()
     apply = lambda p, x: model.apply({'params': p}, x)
+    plain = jax.jit(apply)(params, tokens)
+    quantized = jax.jit(quant.ptq(4)(apply))(params, tokens)
     for layers in (None, lambda path: len(path) == 1):
       out, out_q, errors, gains = jax.jit(quant.layer_errors(
           apply, quant.ptq(4), layers=layers))(params, tokens)
@@ -342,10 +348,9 @@ class ErrorDecompositionTest(parameterized.TestCase):
       for name, e in errors.items():
         np.testing.assert_allclose(float(e.a + e.b + e.c), float(e.r),
                                    rtol=1e-4, atol=1e-8, err_msg=name)
-      np.testing.assert_allclose(out, apply(params, tokens), atol=1e-6)
+      np.testing.assert_allclose(out, plain, atol=1e-6)
       # Compiled differently, a few values round to the next level.
-      self.assertLess(float(quant.relative_error(
-          quant.ptq(4)(apply)(params, tokens), out_q)), 1e-3)
+      self.assertLess(float(quant.relative_error(quantized, out_q)), 1e-3)
       self.assertIn('head', gains)
     self.assertIn('block_1', errors)
     self.assertGreater(float(errors['block_1'].r_in), 0)
