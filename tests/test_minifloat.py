@@ -73,6 +73,10 @@ class MinifloatTest(parameterized.TestCase):
     ok = ~np.isnan(want)
     np.testing.assert_array_equal(got[ok].view(np.uint32),
                                   want[ok].view(np.uint32))
+    # NaN: the canonical quiet NaN with the code's sign.
+    np.testing.assert_array_equal(
+        got[~ok].view(np.uint32),
+        np.uint32(0x7FC00000) | (codes[~ok].astype(np.uint32) >> 7) << 31)
 
   @parameterized.parameters('float8_e4m3fn', 'float8_e5m2')
   def test_encode_matches_cast(self, name):
