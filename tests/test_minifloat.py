@@ -78,6 +78,11 @@ class MinifloatTest(parameterized.TestCase):
         got[~ok].view(np.uint32),
         np.uint32(0x7FC00000) | (codes[~ok].astype(np.uint32) >> 7) << 31)
 
+  def test_decode_refuses_layouts_float16_cannot_hold(self):
+    with self.assertRaisesRegex(ValueError, 'exponent_bits=6'):
+      minifloat.decode(jnp.zeros((3,), jnp.uint8), exponent_bits=6,
+                       mantissa_bits=1, has_inf=False)
+
   @parameterized.parameters('float8_e4m3fn', 'float8_e5m2')
   def test_encode_matches_cast(self, name):
     dtype = _DTYPES[name]

@@ -568,7 +568,8 @@ def _tile_loop(run: _Run, entries, step, olds, tiles: int):
       (s.shape[0], tiles) + s.shape[1:], s.dtype)
   in_place = not run.track_stalls
   own_buffer = fusion.on_cpu() and any(
-      qarray_lib.is_qarray(x) and x.fmt.bits <= 8 for _, x, _ in entries)
+      qarray_lib.is_qarray(x) and jnp.dtype(x.codes.dtype).itemsize == 1
+      for _, x, _ in entries)
   carry0 = (olds if in_place else jax.tree.map(full, out_shapes),
             [jnp.zeros((), jnp.float32) for _ in count_shapes])
 
@@ -583,8 +584,9 @@ def _tile_loop(run: _Run, entries, step, olds, tiles: int):
       # int4 19.6 -> 15.1 ms (nearest) and 22.9 -> 17.1 ms (stochastic);
       # with the block scales computed apart and the table search's
       # gather fused, fp8_e4m3 nearest 13.1 -> 11.5 ms (three runs, 10-12%
-      # each) and int8_dynamic nearest 3-7% (two runs of three). Codes of
-      # 16 bits (bf16) keep the in-place fusion.
+      # each) and int8_dynamic nearest 3-7% (two runs of three). Codes
+      # stored in 16 bits (bf16, and the float grids simulated in bf16)
+      # keep the in-place fusion.
       outs, new_counts = fusion.apart(lambda: step(t, src), t)
     else:
       outs, new_counts = step(t, src)

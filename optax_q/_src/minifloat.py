@@ -151,6 +151,10 @@ def decode(
   selected apart.
   """
   bias, _ = _layout(exponent_bits, mantissa_bits)
+  if exponent_bits > 5:
+    raise ValueError(
+        f'decode goes through float16, which holds at most 5 exponent bits, '
+        f'got exponent_bits={exponent_bits}.')
   c = codes.astype(jnp.uint16)
   a = c & jnp.uint16(0x7F)
   half = (a << (10 - mantissa_bits)) | ((c & jnp.uint16(0x80)) << 8)

@@ -374,7 +374,7 @@ def _bucket_lut(table: tuple[float, ...], mode: str, space: str):
 
   A bucket is the sign, the exponent (clamped below at ``elo``) and the top
   ``m`` mantissa bits of a float32; ``m`` grows until every bucket holds at
-  most one step of the index function. Each bucket is one uint32 word:
+  most one step of the index function. Each bucket is one int32 word:
   the index at the bucket's smallest value (bits 0-7), the rise of the
   index at the bucket's step (bits 8-9, zero without a step) and the step's
   offset in the bucket (bits 10 and up): the float32 bits of its magnitude
@@ -523,10 +523,12 @@ def _round_to_static_table(x, table, u, space, ties='down'):
 @functools.cache
 def _gaps(table: tuple[float, ...]) -> np.ndarray | None:
   """``t[i + 1] - t[i]`` in float32 (the traced difference, rounded the
-  same), for a table whose gaps are all normal floats (none flushed, none
-  zero: ``_fraction``'s guard never applies); else ``None``."""
+  same), for a table whose entries (but zero) and gaps are all normal
+  floats (none flushed, no gap zero: ``_fraction``'s guard never applies);
+  else ``None``."""
   t = np.asarray(table, np.float32)
+  tiny = np.finfo(np.float32).tiny
   gaps = (t[1:] - t[:-1]).astype(np.float32)
-  if not np.all(gaps >= np.finfo(np.float32).tiny):
+  if not (np.all(gaps >= tiny) and np.all((np.abs(t) >= tiny) | (t == 0))):
     return None
   return gaps
