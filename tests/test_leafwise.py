@@ -201,8 +201,9 @@ class TilingTest(parameterized.TestCase):
 
 class ApartTest(parameterized.TestCase):
   """On CPU the moments and the block scales are computed apart (tiled and
-  untiled leaves); that changes where values are computed, never the
-  state or the update: the same bits as the fused program."""
+  untiled leaves), and the tiles of one-byte codes into a buffer of their
+  own; that changes where values are computed, never the state or the
+  update: the same bits as the fused, in-place program."""
 
   # Each case compiles every program twice, from empty caches: one in the
   # default suite, the table and packed formats with -m slow.

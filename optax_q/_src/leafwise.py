@@ -309,12 +309,12 @@ def _untiled(run: _Run, lay: Layout, j: int, stalled: dict[int, Any]):
   moments) and the blocks' scales are computed apart, as in the tiled loop.
   """
   entries = lay.entries(j)
-  apart = _computes_apart(entries, lay.grads[j], lay.param(j))
-  token = fusion.token() if apart else None
+  token = (fusion.token()
+           if _computes_apart(entries, lay.grads[j], lay.param(j)) else None)
   call = lambda: run.call(  # noqa: E731
       lay.grads[j], lay.param(j), [x for _, x, _ in entries],
       run.roundings(entries))
-  u, shaped, rest = fusion.apart(call, token) if apart else call()
+  u, shaped, rest = call() if token is None else fusion.apart(call, token)
   new = []
   for (_, x, i), n in zip(entries, shaped):
     if qarray_lib.is_qarray(x):
