@@ -568,10 +568,11 @@ def now_utc() -> str:
 
 def markdown_table(header: Sequence[str],
                    rows: Sequence[Sequence[Any]]) -> str:
-  """A GitHub markdown table."""
-  lines = ['| ' + ' | '.join(header) + ' |',
+  """A GitHub markdown table; a ``|`` in a cell is escaped (``\\|``)."""
+  cells = lambda r: ' | '.join(str(c).replace('|', r'\|') for c in r)
+  lines = ['| ' + cells(header) + ' |',
            '|' + '|'.join('---' for _ in header) + '|']
-  lines += ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows]
+  lines += ['| ' + cells(r) + ' |' for r in rows]
   return '\n'.join(lines)
 
 

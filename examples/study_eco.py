@@ -266,29 +266,53 @@ def targets(summary):
 
 
 def _plot(path, summary, front):
+  """Loss against bytes per parameter, one marker per configuration.
+
+  Configurations with the same bytes (the weight format decides them) sit
+  side by side, a few percent apart, and are named in the legend rather
+  than next to their points, where the names would overlap.
+  """
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   ok = [s for s in summary if not s['diverged']]
-  fig, ax = plt.subplots(figsize=(7.5, 5))
+  fig, ax = plt.subplots(figsize=(9, 5))
+  colors = plt.get_cmap('tab20').colors
+  shapes = 'os^Dv<>ph*'
+  same = {}
   for s in ok:
-    color = ('tab:green' if s['config'] in front else
-             'tab:gray' if s['master'] else 'tab:blue')
-    ax.errorbar(s['bytes_per_param'], s['mean_loss'], yerr=s['std_loss'],
-                fmt='o', color=color, ms=4, capsize=2)
-    ax.annotate(s['config'], (s['bytes_per_param'], s['mean_loss']),
-                fontsize=6, xytext=(3, 3), textcoords='offset points')
+    same.setdefault(round(s['bytes_per_param'], 2), []).append(s['config'])
+  for i, s in enumerate(ok):
+    group = same[round(s['bytes_per_param'], 2)]
+    spread = 1.02 ** (group.index(s['config']) - (len(group) - 1) / 2)
+    face = colors[i % len(colors)]
+    ax.errorbar(s['bytes_per_param'] * spread, s['mean_loss'],
+                yerr=s['std_loss'], fmt=shapes[i % len(shapes)], color=face,
+                ms=6, capsize=2, lw=1,
+                mec='k' if s['config'] in front else face,
+                label=s['config'] + (' (Pareto)' if s['config'] in front
+                                     else '') + (', master' if s['master']
+                                                 else ''))
   pts = sorted((s['bytes_per_param'], s['mean_loss']) for s in ok
                if s['config'] in front)
   if pts:
-    ax.plot(*zip(*pts), color='tab:green', lw=0.8, label='Pareto frontier')
+    ax.plot(*zip(*pts), color='k', lw=0.6, label='Pareto frontier')
   ax.axvline(TARGET_MEMORY[0], color='k', lw=0.5, ls='--',
              label=f'{TARGET_MEMORY[0]} bytes/param')
   ax.set_xscale('log')
-  ax.set_xlabel('static bytes per parameter (weights + optimizer state)')
+  ticks = [t for t in (1.5, 2, 2.6, 3, 4, 5, 6, 8, 10, 12, 16)
+           if min(p['bytes_per_param'] for p in ok) / 1.2 <= t
+           <= max(p['bytes_per_param'] for p in ok) * 1.2]
+  ax.xaxis.set_major_locator(ticker.FixedLocator(ticks))
+  ax.xaxis.set_major_formatter(ticker.FormatStrFormatter('%g'))
+  ax.xaxis.set_minor_locator(ticker.NullLocator())
+  ax.set_xlabel('static bytes per parameter (weights + optimizer state); '
+                'equal bytes drawn side by side')
   ax.set_ylabel('final validation loss (nats/byte), mean over seeds')
   ax.set_title('ECO: memory against loss (small GPT)', fontsize=9)
-  ax.legend(fontsize=7)
+  ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, 0.5),
+            frameon=False)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -304,22 +328,44 @@ def _delta(s):
   return '-' if s['delta_pct'] != s['delta_pct'] else f'{s["delta_pct"]:+.2f}'
 
 
+def _target_line(key, v) -> str:
+  """One target of :func:`targets` as a sentence."""
+  verdict = 'met' if v['met'] else 'missed'
+  if key == 'naive_rn_worst':
+    return (f'fp8 weights rounded to nearest without feedback (`fp8 naive '
+            f'rn`) are the worst configuration: {verdict} (the worst is '
+            f'`{v["worst"]}`).')
+  if key == 'eco_sr_within_0.5pct':
+    return (f'`fp8 ECO sr` within +{TARGET_ECO}% of `{REFERENCE}`: '
+            f'{verdict} ({v["delta_pct"]:+.2f}%).')
+  if key == 'memory_2.6B_within_1pct':
+    best = v['smallest']
+    fits = ', '.join(f'`{c}`' for c in v['configs']) or 'none'
+    return (f'At most {TARGET_MEMORY[0]} bytes per parameter within '
+            f'+{TARGET_MEMORY[1]}% of `{REFERENCE}`: {verdict} (by {fits}; '
+            f'the smallest, `{best["config"]}`, takes '
+            f'{best["bytes_per_param"]:.2f} bytes per parameter at '
+            f'{best["delta_pct"]:+.2f}%).')
+  raise ValueError(f'unknown target {key!r}')
+
+
 def render_markdown(result, name='eco'):
-  meta = result['meta']
-  rows = [(s['config'], s['weights'], 'yes' if s['master'] else 'no',
-           s['rounding'], s['variant'], s['moments'],
-           f'{s["quantized_weight_fraction"]:.2f}',
-           f'{s["bytes_per_param"]:.2f}',
-           _f(s['mean_loss']) + ('' if s['diverged'] else
-                                 f' ± {s["std_loss"]:.4f}'),
-           _delta(s), f'{s["step_ms"]:.1f}')
-          for s in result['summary']]
-  table = _common.markdown_table(
-      ('config', 'weights', 'master', 'rounding', 'feedback', 'moments',
-       'quantized weights', 'bytes/param', 'val loss', f'Δ vs {REFERENCE} %',
-       'step ms'), rows)
-  tg = '\n'.join(f'- `{k}`: {"met" if v["met"] else "missed"} '
-                 f'({json.dumps({a: b for a, b in v.items() if a != "met"})})'
+  meta, summary = result['meta'], result['summary']
+  # Two tables, each narrow enough for the documentation's column: what
+  # each configuration stores, then what it measured.
+  setup = _common.markdown_table(
+      ('config', 'weights', 'master', 'rounding', 'feedback', 'moments'),
+      [(s['config'], s['weights'], 'yes' if s['master'] else 'no',
+        s['rounding'], s['variant'], s['moments']) for s in summary])
+  measured = _common.markdown_table(
+      ('config', 'quantized weights', 'bytes/param', 'val loss',
+       f'Δ vs {REFERENCE} %', 'step ms'),
+      [(s['config'], f'{s["quantized_weight_fraction"]:.2f}',
+        f'{s["bytes_per_param"]:.2f}',
+        _f(s['mean_loss']) + ('' if s['diverged'] else
+                              f' ± {s["std_loss"]:.4f}'),
+        _delta(s), f'{s["step_ms"]:.1f}') for s in summary])
+  tg = '\n'.join(f'- {_target_line(k, v)}'
                  for k, v in result['targets'].items())
   return f"""# ECO: training without master weights
 
@@ -332,11 +378,18 @@ Written by `examples/study_eco.py`; do not edit.
   {meta['run_config']['d_model']}, {meta['run_config']['num_layers']} layers;
   {meta['seconds']:.0f} s
 
-Bytes per parameter: weights plus optimizer state over all parameters,
-from the real buffers (codes, scales, counters). "quantized weights": the
-fraction of parameters stored in the weight format.
+What each configuration stores ("master": float32 master weights, the
+forward pass on quantized ones; "feedback": the rounding error fed back by
+ECO, or dropped, naive):
 
-{table}
+{setup}
+
+What each measured. Bytes per parameter: weights plus optimizer state over
+all parameters, from the real buffers (codes, scales, counters).
+"quantized weights": the fraction of parameters stored in the weight
+format. Loss: final validation loss, mean ± standard deviation over seeds.
+
+{measured}
 
 Pareto frontier (no configuration has both a lower loss and fewer bytes):
 {', '.join(result['pareto'])}.
