@@ -1,0 +1,260 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The results the README and the documentation quote, written from the JSON.
+
+A page quotes a result between two comments::
+
+  <!-- results: step_cost_table -->
+
+  ...
+
+  <!-- /results -->
+
+and this script writes the text between them from ``docs/results/*.json``
+(the same files the results pages are rendered from), so that a quoted
+number is never typed by hand and never outlives the run it comes from.
+After a new run, re-write every quote (``--check`` only reports the ones
+that differ, and the test suite fails on them)::
+
+  python examples/quoted_results.py
+  python examples/quoted_results.py --check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+import textwrap
+from typing import Callable
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / 'docs' / 'results'
+PAGES = (ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md')))
+BLOCK = re.compile(r'(<!-- results: (\S+) -->\n)(.*?)(<!-- /results -->)',
+                   re.S)
+
+BASELINE = 'optax.adamw fp32'
+FP8_NEAREST = 'optax_q fp8_e4m3 nearest'
+FP8_STOCHASTIC = 'optax_q fp8_e4m3 stochastic'
+DEFAULT = 'optax_q int8_dynamic stochastic'
+NF4 = 'optax_q nf4/ue4m0 stochastic'
+# The precision study's full-mode runs that measured the drop-ins' defaults.
+PRECISION_RUNS = ('precision_full', 'precision_seeds_floor',
+                  'precision_layouts')
+
+
+def _load(name: str) -> dict:
+  return json.loads((RESULTS / f'{name}.json').read_text())
+
+
+def _bench() -> tuple[dict, dict[str, dict]]:
+  result = _load('bench_step')
+  return result, {r['config']: r for r in result['rows']}
+
+
+def _ms(row) -> str:
+  return f"{row['step_ms_median']:.2f} ms"
+
+
+def _mib(row) -> str:
+  return f"{row['state_bytes'] / 2**20:.1f} MiB"
+
+
+def _ratio(row) -> str:
+  return f"{row['ratio_to_optax_adamw']:.2f}x"
+
+
+def _span(values, spec: str, unit: str = '') -> str:
+  low, high = min(values), max(values)
+  if format(low, spec) == format(high, spec):
+    return format(low, spec) + unit
+  return f'{low:{spec}}{unit} to {high:{spec}}{unit}'
+
+
+def _faster(ours: dict, theirs: dict) -> str:
+  """How ours compares with theirs, in times ('1.26x faster')."""
+  a, b = ours['step_ms_median'], theirs['step_ms_median']
+  return f'{b / a:.2f}x faster' if a <= b else f'{a / b:.2f}x slower'
+
+
+def _setup(result) -> str:
+  return (f"AdamW on a {result['params'] / 1e6:.1f}M-parameter tree "
+          f"({result['layers']} layers, width {result['d']}) on "
+          f"{result['machine'].split(';')[0]}")
+
+
+def step_cost_summary() -> str:
+  """The README's paragraph on step time and state memory."""
+  result, rows = _bench()
+  eight = [rows[c] for c in (FP8_NEAREST, FP8_STOCHASTIC, DEFAULT)]
+  return (
+      f"The optimizer step of {_setup(result)} "
+      f"(`examples/bench_step.py`, `docs/results/bench_step.md`) takes "
+      f"{_ms(rows[BASELINE])} with float32 `optax.adamw` and "
+      f"{_mib(rows[BASELINE])} of state. With 8-bit state "
+      f"({_mib(rows[DEFAULT])}) it takes {_ms(rows[FP8_NEAREST])} for fp8 "
+      f"with nearest rounding, {_ms(rows[FP8_STOCHASTIC])} for fp8 with "
+      f"stochastic rounding and {_ms(rows[DEFAULT])} for the default "
+      f"int8_dynamic with stochastic rounding "
+      f"({_span([r['ratio_to_optax_adamw'] for r in eight], '.1f', 'x')} "
+      f"the float32 step). With 4-bit `nf4`/`ue4m0` state "
+      f"({_mib(rows[NF4])}, stochastic) it takes {_ms(rows[NF4])}. "
+      f"torchao's `AdamWFp8` takes {_ms(rows['torchao AdamWFp8'])} in the "
+      f"same run.\n")
+
+
+def step_cost_table() -> str:
+  """The quick start's table of step time and state memory."""
+  result, rows = _bench()
+  shown = ((BASELINE, '`optax.adamw`, float32'),
+           (FP8_NEAREST, 'fp8 e4m3, nearest'),
+           (FP8_STOCHASTIC, 'fp8 e4m3, stochastic'),
+           (DEFAULT, 'int8_dynamic, stochastic (the default)'),
+           (NF4, '`nf4`/`ue4m0`, stochastic'))
+  lines = ['| state | step (median) | against `optax.adamw` | state memory |',
+           '|---|---:|---:|---:|']
+  lines += [f'| {label} | {_ms(rows[c])} | {_ratio(rows[c])} | '
+            f'{_mib(rows[c])} |' for c, label in shown]
+  eight = [rows[c] for c in (FP8_NEAREST, FP8_STOCHASTIC, DEFAULT)]
+  saved = 1 - rows[DEFAULT]['state_bytes'] / rows[BASELINE]['state_bytes']
+  return (
+      f"The optimizer step alone, for {_setup(result)}, measured in one "
+      f"interleaved run (`{result['command']}`; "
+      f"[table](results/bench_step.md)):\n\n" + '\n'.join(lines) +
+      f"\n\nSo on CPU the smaller state costs step time: with 8-bit state, "
+      f"{saved:.0%} less memory for "
+      f"{_span([r['ratio_to_optax_adamw'] for r in eight], '.1f')} times "
+      f"the optimizer step (the forward and backward passes of a real model "
+      f"come on top of it and are unchanged).\n")
+
+
+def peers_step_table() -> str:
+  """The comparison page's table of optax_q and its peers, and the ratios."""
+  result, rows = _bench()
+  shown = ((BASELINE, '`optax.adamw` (fp32)'),
+           ('optax.adamw mu_dtype=bf16', '`optax.adamw`, `mu_dtype=bf16`'),
+           ('torch.optim.AdamW fused', '`torch.optim.AdamW` fused (fp32)'),
+           ('optax_q bf16 stochastic', 'optax_q bf16, stochastic'),
+           (FP8_NEAREST, 'optax_q fp8 e4m3, nearest'),
+           (FP8_STOCHASTIC, 'optax_q fp8 e4m3, stochastic'),
+           ('optax_q int8_dynamic nearest', 'optax_q int8_dynamic, nearest'),
+           (DEFAULT, 'optax_q int8_dynamic, stochastic'),
+           ('torchao AdamWFp8', 'torchao `AdamWFp8`'),
+           ('torchao AdamW8bit', 'torchao `AdamW8bit`'),
+           ('bitsandbytes Adam8bit', 'bitsandbytes `Adam8bit`'),
+           ('optax_q int4 stochastic', 'optax_q int4, stochastic'),
+           (NF4, 'optax_q `nf4`/`ue4m0`, stochastic'),
+           ('torchao AdamW4bit', 'torchao `AdamW4bit`'))
+  lines = ['| optimizer | state bits per element | step (median) | '
+           'against `optax.adamw` |', '|---|---:|---:|---:|']
+  lines += [f"| {label} | {rows[c]['state_bits_per_element']:.2f} | "
+            f"{_ms(rows[c])} | {_ratio(rows[c])} |" for c, label in shown]
+  eight = [c for c, _ in shown if 8 <= rows[c]['state_bits_per_element'] < 9]
+  fastest = min(eight, key=lambda c: rows[c]['step_ms_median'])
+  fp8_n, fp8_s = rows[FP8_NEAREST], rows[FP8_STOCHASTIC]
+  int8_n, int8_s = rows['optax_q int8_dynamic nearest'], rows[DEFAULT]
+  tao8, bnb = rows['torchao AdamW8bit'], rows['bitsandbytes Adam8bit']
+  tao_fp8, tao4 = rows['torchao AdamWFp8'], rows['torchao AdamW4bit']
+  ours4 = [rows['optax_q int4 stochastic'], rows[NF4]]
+  return (
+      f"From `{result['command']}` ([table](results/bench_step.md)), with "
+      f"every row measured in one interleaved run on "
+      f"{result['machine'].split(',')[0]}:\n\n" + '\n'.join(lines) +
+      f"\n\nOn CPU every quantized optimizer costs step time against its "
+      f"float32 counterpart. In this run the fastest 8-bit step is "
+      f"{dict(shown)[fastest]}. Against torchao's `AdamWFp8` (which rounds "
+      f"to nearest), optax_q's fp8 is {_faster(fp8_n, tao_fp8)} to nearest "
+      f"and {_faster(fp8_s, tao_fp8)} with stochastic rounding. optax_q's "
+      f"int8_dynamic is {_faster(int8_s, tao8)} than torchao's `AdamW8bit` "
+      f"with stochastic rounding ({_faster(int8_n, tao8)} to nearest) and "
+      f"{_faster(int8_s, bnb)} than bitsandbytes' `Adam8bit` "
+      f"({_faster(int8_n, bnb)} to nearest). At 4 bits optax_q's int4 and "
+      f"`nf4`/`ue4m0` are "
+      f"{_span([tao4['step_ms_median'] / r['step_ms_median'] for r in ours4], '.2f', 'x')}"
+      f" faster than torchao's `AdamW4bit`.\n")
+
+
+def precision_summary() -> str:
+  """The loss of the drop-ins' 8-bit states against float32 AdamW."""
+  parts = []
+  for config, label in (('int8_dynamic/sr', 'int8_dynamic'),
+                        ('fp8_e4m3/sr', 'fp8 e4m3')):
+    found = []
+    for run in PRECISION_RUNS:
+      summary = {s['config']: s for s in _load(run)['summary']}
+      if config in summary:
+        found.append(summary[config])
+    gaps = [100 * s['mean_rel_gap'] for s in found]
+    missed = [g for s, g in zip(found, gaps) if s['met'] is False]
+    note = ''.join(f'; the {g:+.2f}% one misses the +0.5% target'
+                   for g in missed)
+    parts.append(f"{label} with stochastic rounding "
+                 f"{_span(gaps, '+.2f', '%')} ({len(found)} runs{note})")
+  return (f"On the small GPT in full mode, the loss against float32 AdamW "
+          f"is: {parts[0]}; {parts[1]}.\n")
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    f.__name__: f for f in (step_cost_summary, step_cost_table,
+                            peers_step_table, precision_summary)
+}
+
+
+def _wrap(text: str) -> str:
+  """Prose paragraphs wrapped at 76 columns; tables as they are."""
+  return '\n\n'.join(
+      p if p.startswith('|') else textwrap.fill(
+          p, 76, break_long_words=False, break_on_hyphens=False)
+      for p in text.strip('\n').split('\n\n')) + '\n'
+
+
+def render(text: str) -> str:
+  """``text`` with every quote block re-written from the results."""
+  def block(match):
+    name = match.group(2)
+    if name not in RENDERERS:
+      raise ValueError(f'unknown quote {name!r}; known: {sorted(RENDERERS)}')
+    return (match.group(1) + '\n' + _wrap(RENDERERS[name]()) + '\n' +
+            match.group(4))
+  return BLOCK.sub(block, text)
+
+
+def blocks(text: str) -> list[str]:
+  """The names of the quote blocks in ``text``, in order."""
+  return [m.group(2) for m in BLOCK.finditer(text)]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--check', action='store_true',
+                      help='write nothing; exit 1 if a quote differs')
+  args = parser.parse_args(argv)
+  stale = []
+  for page in PAGES:
+    text = page.read_text()
+    new = render(text)
+    if new != text:
+      stale.append(str(page.relative_to(ROOT)))
+      if not args.check:
+        page.write_text(new)
+  verb = 'differ' if args.check else 're-written'
+  print(f"{verb}: {', '.join(stale)}" if stale else 'every quote is current')
+  return 1 if args.check and stale else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
