@@ -54,5 +54,46 @@ class DocsSiteTest(absltest.TestCase):
     self.assertIn('## Unreleased', (ROOT / 'CHANGELOG.md').read_text())
 
 
+class SiteStructureTest(absltest.TestCase):
+  """The site opens on the Quick start; results grouped and described; the
+  changelog's sections each once."""
+
+  def test_site_opens_on_the_quick_start(self):
+    # pylint: disable=g-import-not-at-top
+    from mkdocs.structure.files import File, Files
+    import mkdocs_hooks
+    files = Files([File(name, str(DOCS), '/tmp/site', True)
+                   for name in ('quickstart.md', 'index.md', 'howto.md')])
+    files = mkdocs_hooks.on_files(files, config=None)
+    urls = {f.src_uri: f.url for f in files}
+    self.assertEqual(urls, {'quickstart.md': './', 'index.md': 'guide/',
+                            'howto.md': 'howto/'})
+    config = (ROOT / 'mkdocs.yml').read_text()
+    self.assertIn('hooks:\n  - mkdocs_hooks.py', config)
+    nav = config[config.index('\nnav:'):]
+    self.assertEqual(re.findall(r'\S+\.md', nav)[0], 'quickstart.md')
+
+  def test_results_are_grouped_titled_and_described(self):
+    index = (DOCS / 'results' / 'index.md').read_text()
+    listed = re.findall(r'^\| \[([^\]]+)\]\(([^)]+\.md)\) \| (.+) \|$',
+                        index, flags=re.M)
+    pages = {p.name for p in (DOCS / 'results').glob('*.md')} - {'index.md'}
+    self.assertCountEqual([page for _, page, _ in listed], pages)
+    config = (ROOT / 'mkdocs.yml').read_text()
+    results = config[config.index('  - Results:'):config.index('  - Changelog')]
+    for title, page, description in listed:
+      self.assertNotEqual(title, page[:-3])
+      self.assertGreater(len(description.split()), 3, page)
+      # Under a group of the navigation, with the index's title.
+      self.assertIn(f'          - "{title}": results/{page}\n', results)
+
+  def test_changelog_sections_appear_once_each(self):
+    text = (ROOT / 'CHANGELOG.md').read_text()
+    for release in re.split(r'^## ', text, flags=re.M)[1:]:
+      headings = re.findall(r'^### (.+)$', release, flags=re.M)
+      self.assertEqual(len(headings), len(set(headings)),
+                       release.split('\n')[0])
+
+
 if __name__ == '__main__':
   absltest.main()
