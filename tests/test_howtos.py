@@ -47,6 +47,8 @@ class HowToTest(parameterized.TestCase):
        'bit-identical: True'),
       ('formats_and_schedules', ['--steps', '3'], 'int4_unsigned'),
       ('memory_budget', ['--budget-mib', '40'], 'MiB: fp8'),
+      ('nnx_adaptive_bits', ['--steps', '6', '--save-at', '3'],
+       'bit-identical, formats included: True'),
   )
   def test_runs_and_checks(self, name, argv, expected):
     self._check(name, argv, expected)
@@ -64,6 +66,8 @@ class HowToTest(parameterized.TestCase):
        'bit-identical: True'),
       ('fp_components', ['--steps', '8'], 'bit-identical: True'),
       ('model_quantization', ['--steps', '10'], 'bit-identical: True'),
+      ('nnx_master_free', ['--steps', '6', '--save-at', '3'],
+       'bit-identical: True'),
   )
   @pytest.mark.slow
   def test_runs_and_checks_slow(self, name, argv, expected):
@@ -113,7 +117,8 @@ class HowToTest(parameterized.TestCase):
       self.assertIn(f'examples/howto/{name}.py', page)
     tested = {'nnx_checkpoint', 'linen_train_state', 'formats_and_schedules',
               'shard_state', 'memory_budget', 'master_free', 'fp_components',
-              'second_order', 'model_quantization', 'shard_state_multihost'}
+              'second_order', 'model_quantization', 'shard_state_multihost',
+              'nnx_adaptive_bits', 'nnx_master_free'}
     self.assertEqual(scripts, tested)
 
 
