@@ -208,9 +208,91 @@ def precision_summary() -> str:
           f"is: {parts[0]}; {parts[1]}.\n")
 
 
+def eco_summary() -> str:
+  """The README's sentence on ECO with 8- and 4-bit moments."""
+  result = _load('eco')
+  summary = {s['config']: s for s in result['summary']}
+  # The configuration the sentence describes: fp8 weights without master
+  # copies, first moment in 8 bits and second moment in 4.
+  ours, fp32 = summary['fp8 ECO sr + m8/v4'], summary['fp32']
+  reference = next(c for c, s in summary.items() if s['delta_pct'] == 0.0)
+  run = result['meta']['run_config']
+  return (
+      f"With `optax_q.quantize_state` around it the moments go to 8 and 4 "
+      f"bits: {ours['bytes_per_param']:.2f} bytes per parameter instead of "
+      f"{fp32['bytes_per_param']:.0f} for float32 AdamW, with a validation "
+      f"loss {ours['delta_pct']:+.2f}% from `{reference}` (master weights) "
+      f"on a small GPT (width {run['d_model']}, {run['num_layers']} layers, "
+      f"{result['meta']['steps']} steps, {len(result['meta']['seeds'])} "
+      f"seeds; `docs/results/eco.md`).\n")
+
+
+def lowbit_quality_table() -> str:
+  """The comparison page's teacher-student table of 8- and 4-bit states."""
+  result = _load('lowbit')
+  summary = {s['config']: s for s in result['summary']}
+  meta = result['meta']
+  shown = (('torch.optim.AdamW', '`torch.optim.AdamW` (fp32)'),
+           ('torchao AdamW8bit', 'torchao `AdamW8bit`'),
+           ('int8_dynamic', 'optax_q int8_dynamic'),
+           ('torchao AdamW4bit', 'torchao `AdamW4bit`'),
+           ('4bit (fp4_e2m1 + fp4_e2m2u)',
+            'optax_q `fp4_e2m1` + `fp4_e2m2u`'),
+           ('nf4 + ue4m0', 'optax_q `nf4` + `ue4m0`'),
+           ('nf4 + ue4m0, pow2 scales',
+            'optax_q `nf4` + `ue4m0`, power-of-two scales'),
+           ('nf3 + int3_mulaw, pow2 scales',
+            'optax_q `nf3` + `int3_mulaw`, power-of-two scales'))
+  lines = ['| optimizer | state bits per element (all moments) | '
+           'final loss / `optax.adamw` |', '|---|---:|---:|']
+  lines += [f"| {label} | {summary[c]['all_bits']:.2f} | "
+            f"{summary[c]['ratio']:.2f} |" for c, label in shown]
+  return (
+      f"From `examples/study_lowbit.py` ([results](results/lowbit.md), with "
+      f"the command of each run): a tanh MLP 64-256-256-10 learning a "
+      f"teacher of the same shape, AdamW, {meta['steps']} steps, "
+      f"{len(meta['seeds'])} seeds; each peer trains the same data from the "
+      f"same initial weights, copied into PyTorch. Final loss over "
+      f"`optax.adamw`'s (mean over seeds):\n\n" + '\n'.join(lines) + '\n')
+
+
+def leafwise_summary() -> str:
+  """The guide's comparison of the tiled leafwise path with the whole tree."""
+  result, rows = _bench()
+  parts = []
+  for fmt, label in (('int8_dynamic', 'int8_dynamic'), ('fp8_e4m3', 'fp8')):
+    tiled = rows[f'optax_q {fmt} stochastic']
+    whole = rows[f'optax_q {fmt} stochastic, whole-tree path']
+    parts.append(
+        f"for {label}, {tiled['temp_bytes'] / 2**20:.0f} MiB of compiled "
+        f"temporaries instead of {whole['temp_bytes'] / 2**20:.0f} MiB and "
+        f"{_faster(tiled, whole)}")
+  return (
+      f"On AdamW's step for a {result['params'] / 1e6:.0f}M-parameter tree "
+      f"with stochastic rounding ([results](results/bench_step.md)), the "
+      f"compiled step then holds one tile of float32 moments instead of the "
+      f"whole state: {parts[0]}; {parts[1]} (see "
+      f"[Performance](performance.md)).\n")
+
+
+def positive_floor_effect() -> str:
+  """The guide's measure of a second moment stored as zero."""
+  rows = {(r['mu_format'], r['rounding']): r
+          for r in _load('update_error_no_floor')['rows']}
+  nearest, stochastic = (rows[('fp8_e4m3', r)]['relative_error']
+                         for r in ('nearest', 'stochastic'))
+  return (
+      f"Measured in `precision.md` (`docs/results/update_error_no_floor.md`): "
+      f"without the floor, one fp8 e4m3 write-back of a real Adam state "
+      f"changed the next update by {nearest:.1f} (nearest) and "
+      f"{stochastic:.1f} (stochastic) times its norm.\n")
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     f.__name__: f for f in (step_cost_summary, step_cost_table,
-                            peers_step_table, precision_summary)
+                            peers_step_table, precision_summary,
+                            eco_summary, lowbit_quality_table,
+                            leafwise_summary, positive_floor_effect)
 }
 
 

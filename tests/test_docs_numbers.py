@@ -11,8 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The step times and losses the README and the docs quote are their JSON
-rendered (``examples/quoted_results.py``), never typed."""
+"""The step times, losses and memory the README and the docs quote are
+their JSON rendered (``examples/quoted_results.py``), never typed."""
 
 import json
 import pathlib
@@ -26,14 +26,20 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'examples'))
 import quoted_results  # noqa: E402  pylint: disable=g-import-not-at-top
 
-# The pages that quote the step-time benchmark, and their quotes.
+# The pages that quote results, and their quotes.
 QUOTES = {
-    'README.md': ['step_cost_summary', 'precision_summary'],
+    'README.md': ['eco_summary', 'step_cost_summary', 'precision_summary'],
     'docs/quickstart.md': ['step_cost_table', 'precision_summary'],
-    'docs/comparison.md': ['peers_step_table'],
+    'docs/comparison.md': ['peers_step_table', 'lowbit_quality_table'],
+    'docs/index.md': ['leafwise_summary', 'positive_floor_effect'],
 }
-# A step time or a ratio of step times, typed outside a quote.
-_TYPED = re.compile(r'\b\d+(\.\d+)?\s*ms\b|\b\d+(\.\d+)?(-\d+(\.\d+)?)?x\b')
+# A step time, a ratio, a memory size, a percentage or bytes per parameter,
+# typed outside a quote.
+_TYPED = re.compile(r'\b\d+(\.\d+)?\s*ms\b|\b\d+(\.\d+)?(-\d+(\.\d+)?)?x\b'
+                    r'|\b\d+(\.\d+)?\s*MiB\b|[+-]?\d+(\.\d+)?\s*%'
+                    r'|\b\d+(\.\d+)?\s+bytes per param')
+# A table row whose cells after the first are all numbers: a results table.
+_NUMBER_ROW = re.compile(r'^\|[^|\n]*(\|\s*-?\d+\.\d+\s*)+\|\s*$', re.M)
 
 
 class QuotedResultsTest(absltest.TestCase):
@@ -51,7 +57,9 @@ class QuotedResultsTest(absltest.TestCase):
       self.assertEqual(quoted_results.blocks(text), expected, name)
       outside = quoted_results.BLOCK.sub('', text)
       typed = [m.group(0) for m in _TYPED.finditer(outside)]
-      self.assertEmpty(typed, f'{name} types step times: {typed}')
+      self.assertEmpty(typed, f'{name} types results: {typed}')
+      rows = _NUMBER_ROW.findall(outside)
+      self.assertEmpty(rows, f'{name} types a results table: {rows}')
 
   def test_a_quote_follows_its_json(self):
     load = quoted_results._load  # pylint: disable=protected-access
@@ -72,6 +80,25 @@ class QuotedResultsTest(absltest.TestCase):
             quoted_results.BASELINE]
     self.assertIn(f"{baseline['step_ms_median']:.2f} ms",
                   (ROOT / 'docs/quickstart.md').read_text())
+
+  def test_eco_and_lowbit_quotes_follow_their_json(self):
+    load = quoted_results._load  # pylint: disable=protected-access
+
+    def changed(name):
+      result = load(name)
+      for row in result.get('summary', []):
+        if row['config'] == 'fp8 ECO sr + m8/v4':
+          row['bytes_per_param'], row['delta_pct'] = 9.876, 1.234
+        if row['config'] == 'torchao AdamW4bit':
+          row['ratio'] = 7.891
+      return result
+
+    with mock.patch.object(quoted_results, '_load', changed):
+      eco = quoted_results.eco_summary()
+      lowbit = quoted_results.lowbit_quality_table()
+    self.assertIn('9.88 bytes per parameter', eco)
+    self.assertIn('+1.23% from `bf16 w/ MW`', eco)
+    self.assertIn('| torchao `AdamW4bit` | 5.27 | 7.89 |', lowbit)
 
   def test_unknown_quote_is_refused(self):
     with self.assertRaisesRegex(ValueError, 'unknown quote'):
