@@ -492,15 +492,28 @@ def render_markdown(result) -> str:
       'the run reaches the loss that every optimizer reaches at that '
       'width). QAT delta: QAT loss minus float32 loss.', '',
   ]
-  rows = [[t['optimizer'], str(t['width']), str(t['num_params']),
-           f"{t['lr']:g}", _f(t['fp32']), _f(t['ptq']), _f(t['ptq_delta']),
-           str(t['cl_step'] or ''), _f(t['cl_ptq_delta']), _f(t['qat']),
-           _f(t['qat_delta']), _f(t['r_l']), _f(t['mmr'], 2),
-           _f(t['kurtosis'], 2)] for t in result['table']]
+  table = result['table']
+  # Three narrow tables (the content column shows about seven columns).
   lines.append(_common.markdown_table(
-      ['optimizer', 'width', 'params', 'lr', 'fp32', 'PTQ', 'PTQ delta',
-       'CL step', 'CL delta', 'QAT', 'QAT delta', 'R_L', 'MMR', 'kurtosis'],
-      rows))
+      ['optimizer', 'width', 'params', 'lr', 'fp32', 'PTQ', 'QAT'],
+      [[t['optimizer'], str(t['width']), str(t['num_params']),
+        f"{t['lr']:g}", _f(t['fp32']), _f(t['ptq']), _f(t['qat'])]
+       for t in table]))
+  lines += ['', 'Degradation: the quantized loss minus the float32 loss.', '']
+  lines.append(_common.markdown_table(
+      ['optimizer', 'width', 'PTQ delta', 'CL step', 'CL delta',
+       'QAT delta'],
+      [[t['optimizer'], str(t['width']), _f(t['ptq_delta']),
+        str(t['cl_step'] or ''), _f(t['cl_ptq_delta']), _f(t['qat_delta'])]
+       for t in table]))
+  lines += ['', 'Outlier metrics of the float32 model: `R_L`, the relative '
+            'error of its output under PTQ; MMR, the max-to-median ratio, and '
+            'the kurtosis of the linear layers\' inputs (mean over the '
+            'layers).', '']
+  lines.append(_common.markdown_table(
+      ['optimizer', 'width', 'R_L', 'MMR', 'kurtosis'],
+      [[t['optimizer'], str(t['width']), _f(t['r_l']), _f(t['mmr'], 2),
+        _f(t['kurtosis'], 2)] for t in table]))
   lines += ['', '## Rank correlation with the post-PTQ loss', '',
             'Spearman over every float32 model of a width (optimizers x '
             'learning rates); `mean` averages the widths.', '']
@@ -526,8 +539,33 @@ def render_markdown(result) -> str:
   lines += ['', '## Claims', '']
   for key, c in result['claims'].items():
     lines.append(f"- **{key}**: {'holds' if c['holds'] else 'does not hold'}"
-                 f" ({json.dumps({k: v for k, v in c.items() if k != 'holds'}, default=str)})")
+                 f"; {claim_evidence(c)}.")
   return '\n'.join(lines) + '\n'
+
+
+def _by_width(per_width: dict[str, str]) -> str:
+  return ', '.join(f"{name}'s at width {w}" for w, name in per_width.items())
+
+
+def claim_evidence(claim: dict[str, Any]) -> str:
+  """What a claim of ``claims`` was judged on, as a sentence."""
+  if 'worst_per_width' in claim:
+    return ('the largest PTQ degradation (at the common-loss checkpoint '
+            'where every run has one) is '
+            + _by_width(claim['worst_per_width']))
+  if 'best_per_width' in claim:
+    return ('the smallest QAT degradation is '
+            + _by_width(claim['best_per_width']))
+  if 'abs_rho_r_l' in claim:
+    others = ', '.join(f'{v:.3f} for {m}'
+                       for m, v in claim['abs_rho_others'].items())
+    return (f"the rho averaged over the widths, in absolute value, is "
+            f"{claim['abs_rho_r_l']:.3f} "
+            f'for R_L against {others}')
+  if 'rho' in claim:
+    return 'the fitted rho is ' + ', '.join(
+        f'{v:.3f} for {name}' for name, v in claim['rho'].items())
+  return ', '.join(f'{k} {v}' for k, v in claim.items() if k != 'holds')
 
 
 def make_parser() -> argparse.ArgumentParser:
