@@ -414,25 +414,29 @@ def _yes_no(all_bits, quantized_bits, bound):
 
 
 def render_markdown(meta, summary):
-  header = ('task', 'config', 'bits/elem (mean over steps)',
-            'quantized leaves only', 'final', 'peak', 'final val loss',
-            'gap to fp32', 'rel. gap', 'layouts (compiled steps)', 'step ms',
-            'within fp32 quality')
-  rows = []
+  # Two narrow tables (the content column shows about seven columns).
+  bits_header = ('task', 'config', 'bits/elem (mean over steps)',
+                 'quantized leaves only', 'final', 'peak',
+                 'layouts (compiled steps)')
+  loss_header = ('task', 'config', 'final val loss', 'gap to fp32',
+                 'rel. gap', 'step ms', 'within fp32 quality')
+  bits_rows, loss_rows = [], []
   for s in summary:
     met = {None: '', True: 'yes', False: '**no**'}[s['quality_met']]
     loss = f"{s['mean_val_loss']:.4f} ± {s['std_val_loss']:.4f}"
     if s['mean_accuracy'] is not None:
       loss += f" (acc {100 * s['mean_accuracy']:.1f}%)"
-    rows.append((
+    bits_rows.append((
         s['task'], f"`{s['config']}`", f"{s['bits_mean']:.2f}",
         '—' if s['config'] == 'fp32' else
         f"{s['bits_mean_quantized']:.2f}", f"{s['bits_final']:.2f}",
-        f"{s['bits_peak']:.2f}", loss,
+        f"{s['bits_peak']:.2f}",
+        f"{s['relayouts'] + 1} ({s['compiled_steps']})"))
+    loss_rows.append((
+        s['task'], f"`{s['config']}`", loss,
         '—' if s['config'] == 'fp32' else
         f"{s['mean_gap']:+.4f} ± {s['std_gap']:.4f}",
         '—' if s['config'] == 'fp32' else f"{100 * s['mean_rel_gap']:+.2f}%",
-        f"{s['relayouts'] + 1} ({s['compiled_steps']})",
         f"{s['step_ms_median']:.0f}", met))
   lm = meta['lm_config']
   tasks = []
@@ -452,18 +456,21 @@ def render_markdown(meta, summary):
       f"every {meta['period']} steps, commit every second decision, anneal "
       'over the whole run.',
       '',
-      _common.markdown_table(header, rows),
-      '',
       'Bits: stored bits per moment element from the real buffers (codes '
       'and scales), all moment leaves (leaves under 4096 elements stay '
       'float32) and the quantized leaves only; mean over the steps of each '
       'run (every layout weighted by the steps it was held), at the end, '
-      'and the largest over the run. Loss: validation cross entropy after '
-      'the last step, mean ± std over seeds; gap: paired by seed with '
-      'fp32. "within fp32 quality": the mean gap within the fp32 seed '
-      'spread, below zero, or at most +0.5%. Layouts: distinct state '
-      'layouts in the run (compiled train steps in parentheses, measured '
-      'from the jit cache).',
+      'and the largest over the run. Layouts: distinct state layouts in '
+      'the run (compiled train steps in parentheses, measured from the jit '
+      'cache).',
+      '',
+      _common.markdown_table(bits_header, bits_rows),
+      '',
+      'Loss: validation cross entropy after the last step, mean ± std over '
+      'seeds; gap: paired by seed with fp32. "within fp32 quality": the '
+      'mean gap within the fp32 seed spread, below zero, or at most +0.5%.',
+      '',
+      _common.markdown_table(loss_header, loss_rows),
       '',
       '**Targets** (adaptive configurations; bits as the mean over the '
       'steps, all moment leaves / quantized leaves only):',
