@@ -476,7 +476,9 @@ def render_markdown(result) -> str:
       f"- Date: {meta['date']}",
       f"- Machine: {meta['machine']}",
       f"- Mode: {meta['mode']}: {meta['steps']} steps, widths "
-      f"{meta['widths']}, learning rates {meta['lrs']}; "
+      f"{meta['widths']}, learning rates "
+      + '; '.join(f"{', '.join(f'{lr:g}' for lr in lrs)} ({name})"
+                  for name, lrs in meta['lrs'].items()) + '; '
       f"{meta['seconds']:.0f} s in all.",
       f'- Settings: GPT with {meta["num_layers"]} layers, batch 16 x 64 '
       f'bytes, warm-up then cosine, b2 {B2}, weight decay 0.1 (matrices), '

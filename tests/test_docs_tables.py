@@ -104,6 +104,17 @@ class TablesTest(absltest.TestCase):
         self.assertLessEqual(len(header), 6, name)
       self.assertNotIn('{"', text, name)
 
+  def test_wide_study_pages_fit_the_column_and_say_their_claims(self):
+    # The pages whose tables had 12 and 14 columns: at most seven a table,
+    # and their claims and settings as sentences, not Python or JSON dicts.
+    for name, count in (('optimizers_quantization', 5), ('bits', 4)):
+      text = (ROOT / 'docs' / 'results' / f'{name}.md').read_text()
+      found = list(tables(text))
+      self.assertLen(found, count, name)
+      for line, header, _, _ in found:
+        self.assertLessEqual(len(header), 7, f'{name}.md:{line}')
+      for brace in ('{"', "{'"):
+        self.assertNotIn(brace, text, name)
 
 if __name__ == '__main__':
   absltest.main()
