@@ -218,8 +218,8 @@ def eco_summary() -> str:
   reference = next(c for c, s in summary.items() if s['delta_pct'] == 0.0)
   run = result['meta']['run_config']
   return (
-      f"With `optax_q.quantize_state` around it the moments go to 8 and 4 "
-      f"bits: {ours['bytes_per_param']:.2f} bytes per parameter instead of "
+      f"ECO with `optax_q.quantize_state` keeping the moments in 8 and 4 "
+      f"bits takes {ours['bytes_per_param']:.2f} bytes per parameter instead of "
       f"{fp32['bytes_per_param']:.0f} for float32 AdamW, with a validation "
       f"loss {ours['delta_pct']:+.2f}% from `{reference}` (master weights) "
       f"on a small GPT (width {run['d_model']}, {run['num_layers']} layers, "
