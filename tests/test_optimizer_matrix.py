@@ -446,10 +446,11 @@ class LoopConventionsTest(parameterized.TestCase):
 
   def _check_inject(self, fn):
     # The drop-ins outside CASES (test_inject_hyperparams_layout_static_by_
-    # default covers those in it). Only the learning rate, as a schedule: every other argument keeps its
-    # default (numbers among them become injected arrays).
+    # default covers those in it). Only the learning rate, as a schedule:
+    # every other argument keeps its default (numbers among them become
+    # injected arrays; Muon's ns_steps an integer one).
     schedule = optax.linear_schedule(LR, 0.0, 10)
-    params = {'w': _params()['w'], 'b': _params()['b']}
+    params = _params()
     tx = optax.inject_hyperparams(fn)(learning_rate=schedule)
     _, state, updates = _run(tx, params)
     _, _, want = _run(fn(schedule), params)
