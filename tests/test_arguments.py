@@ -401,6 +401,106 @@ class GoodArgumentsTest(parameterized.TestCase):
       self.assertFalse(optax_q.is_qarray(empty))
 
 
+
+# Muon's arguments: checked at construction (the dimension numbers against
+# the parameters at init, where they are first seen), and accepted as
+# optax.inject_hyperparams passes them (numbers as arrays, maybe traced).
+
+_MUON_PARAMS = {'w': jnp.ones((8, 16)), 'b': jnp.ones((16,)),
+                'k': jnp.ones((2, 8, 16))}
+_DIMS = optax.contrib.MuonDimensionNumbers
+
+
+class MuonArgumentsTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('learning_rate_none', dict(learning_rate=None), 'learning_rate'),
+      ('learning_rate_string', dict(learning_rate='1e-3'), 'learning_rate'),
+      ('ns_steps_zero', dict(ns_steps=0), 'ns_steps'),
+      ('ns_steps_negative', dict(ns_steps=-1), 'ns_steps'),
+      ('ns_steps_float', dict(ns_steps=2.5), 'ns_steps'),
+      ('ns_steps_bool', dict(ns_steps=True), 'ns_steps'),
+      ('ns_steps_float_array', dict(ns_steps=jnp.float32(5)), 'ns_steps'),
+      ('ns_steps_zero_array', dict(ns_steps=jnp.int32(0)), 'ns_steps'),
+      ('dims_string', dict(muon_weight_dimension_numbers='abc'),
+       'muon_weight_dimension_numbers must be None, an '
+       'optax.contrib.MuonDimensionNumbers'),
+      ('dims_int_leaf', dict(muon_weight_dimension_numbers={'w': 3}),
+       r"muon_weight_dimension_numbers\['w'\] is 3"),
+      ('dims_same_axis', dict(muon_weight_dimension_numbers=_DIMS(0, 0)),
+       'as both reduction and output axes'),
+      ('dims_axis_string', dict(muon_weight_dimension_numbers=_DIMS('a', 1)),
+       'reduction_axis must be an int or a non-empty sequence'),
+      ('dims_no_axes', dict(muon_weight_dimension_numbers=_DIMS((), 1)),
+       'reduction_axis must be an int or a non-empty sequence'),
+      ('dims_repeated_axis',
+       dict(muon_weight_dimension_numbers=_DIMS(1, (0, 0))),
+       'output_axis must be an int or a non-empty sequence of distinct'),
+      ('options_not_a_dict', dict(muon_options=3), 'muon_options'),
+  )
+  def test_bad_argument_at_construction(self, kwargs, message):
+    with self.assertRaisesRegex(ValueError, message):
+      optax_q.muon(**{'learning_rate': 1e-3, **kwargs})
+
+  @parameterized.named_parameters(
+      # One MuonDimensionNumbers for every leaf: the 1-D bias too.
+      ('rank_1_leaf', _DIMS(), r"parameter \['b'\] of shape \(16,\).*rank "
+       '>= 2'),
+      ('out_of_range', {'w': _DIMS(0, 2), 'b': None, 'k': None},
+       r"\['w'\] of shape \(8, 16\).*axes \[2\] are out of range"),
+      ('same_axis_once_normalised',
+       {'w': None, 'b': None, 'k': _DIMS(-1, 2)},
+       r"\['k'\] of rank 3 the axes \[2\] as both"),
+      ('callable', lambda params: {'w': _DIMS(0, 5), 'b': None, 'k': None},
+       r"muon_weight_dimension_numbers\(params\) gives Muon the parameter "
+       r"\['w'\]"),
+      ('structure', {'w': _DIMS(), 'x': None}, 'structure of the parameters'),
+  )
+  def test_dimension_numbers_checked_against_params_at_init(self, dims,
+                                                            message):
+    tx = optax_q.muon(1e-3, muon_weight_dimension_numbers=dims)
+    with self.assertRaisesRegex(ValueError, message):
+      tx.init(_MUON_PARAMS)
+
+  def test_good_dimension_numbers_as_optax(self):
+    dims = {'w': _DIMS(), 'b': None, 'k': _DIMS(-2, 2)}
+    grads = jax.tree.map(lambda p: 0.1 * p, _MUON_PARAMS)
+    for given in (dims, lambda params: dims):
+      tx = optax_q.muon(1e-3, muon_weight_dimension_numbers=given,
+                        mu_format='fp32', adam_mu_format='fp32',
+                        adam_nu_format='fp32')
+      ref = optax.contrib.muon(1e-3, muon_weight_dimension_numbers=dims)
+      got = tx.update(grads, tx.init(_MUON_PARAMS), _MUON_PARAMS)[0]
+      want = ref.update(grads, ref.init(_MUON_PARAMS), _MUON_PARAMS)[0]
+      jax.tree.map(np.testing.assert_array_equal, got, want)
+
+  def test_injected_and_traced_numbers(self):
+    grads = jax.tree.map(lambda p: 0.1 * p, _PARAMS)
+    # Every number injected, muon_options passed back as one keyword.
+    tx = optax.inject_hyperparams(optax_q.muon)(
+        learning_rate=optax.linear_schedule(1e-2, 0.0, 10), ns_steps=3,
+        beta=0.9, consistent_rms=0.2)
+    updates, state = _step(tx)
+    self.assertEqual(int(state.hyperparams['ns_steps']), 3)
+    self.assertTrue(bool(jnp.all(jnp.isfinite(updates['w']))))
+    # An injected number is checked where it is concrete.
+    tx = optax.inject_hyperparams(optax_q.muon)(learning_rate=1e-2,
+                                                ns_steps=0)
+    with self.assertRaisesRegex(ValueError, 'ns_steps'):
+      tx.init(_PARAMS)
+
+    # Traced numbers are accepted as they are.
+    @jax.jit
+    def update(ns_steps, lr):
+      tx = optax_q.muon(lr, ns_steps=ns_steps, min_size=0)
+      return tx.update(grads, tx.init(_PARAMS), _PARAMS)[0]
+
+    traced = update(jnp.int32(5), jnp.float32(1e-2))
+    plain = optax_q.muon(1e-2, min_size=0)
+    want = plain.update(grads, plain.init(_PARAMS), _PARAMS)[0]
+    np.testing.assert_allclose(traced['w'], want['w'], rtol=1e-3, atol=1e-6)
+
+
 if __name__ == '__main__':
   n, clear = count()
   print(f'{n} cases, {clear} raise a clear early error')

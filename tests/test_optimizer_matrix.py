@@ -17,7 +17,10 @@ As Optax's ``contrib/_common_test.py``: each case below is checked for parity
 with Optax at fp32, dtype preservation, ``optax.MultiSteps``,
 ``optax.inject_hyperparams`` without ``static_args``, state stability under
 ``lax.cond``, abstract init, sharding on 8 simulated devices and an Orbax
-round trip. A new optimizer or wrapper is added to ``CASES``.
+round trip. A new optimizer or wrapper is added to ``CASES``. Donation of
+the init state (two steps in a row) and an injected learning rate are
+checked for ``CASES`` and every other drop-in, wrapper and documented
+composition (``COMPOSITIONS``).
 """
 
 import multidevice  # Before jax: asks for 8 CPU devices.
@@ -310,6 +313,164 @@ class ShardedMatrixTest(parameterized.TestCase):
       p, s = step(p, s, jax.device_put(_grads(i, params), param_shardings))
     helpers.assert_bits_equal(p, want_p)
     helpers.assert_bits_equal(s, want_s)
+
+
+# Training-loop conventions: donating the optimizer state, and a learning
+# rate injected without static_args. Beyond CASES, every drop-in and wrapper
+# not in it and the documented compositions.
+
+
+def _quantized_params():
+  """``_params()`` with 'w' stored in fp8, for the master-free wrapper."""
+  return optax_q.quantize_params(_params(), 'fp8_e4m3',
+                                 filter=lambda path, x: x.ndim == 2)
+
+
+def _eco(inner, **kw):
+  return optax_q.eco(optax.inject_hyperparams(inner[0])(LR, **inner[1]),
+                     'fp8_e4m3', **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class Composition:
+  """A transform (built by ``make()``) and the parameters it trains."""
+
+  name: str
+  make: Callable[[], optax.GradientTransformation]
+  quantized_params: bool = False  # QArray weights, optax_q.apply_updates.
+
+
+COMPOSITIONS = (
+    Composition('muon', lambda: optax_q.muon(LR, min_size=MIN_SIZE)),
+    Composition('muon_int4', lambda: optax_q.muon(
+        LR, mu_format='int4', block_size=128, min_size=MIN_SIZE)),
+    Composition('shampoo', lambda: optax_q.shampoo(LR, min_size=MIN_SIZE)),
+    Composition('soap', lambda: optax_q.soap(
+        LR, min_size=MIN_SIZE, reset_every=10)),
+    Composition('scale_by_shampoo', optax_q.scale_by_shampoo),
+    Composition('scale_by_soap', optax_q.scale_by_soap),
+    Composition('adamw_adaptive_bits', lambda: optax_q.adamw(
+        LR, bits='adaptive', min_size=MIN_SIZE)),
+    Composition('adaptive_bits_sgd_momentum', lambda: optax_q.adaptive_bits(
+        optax.sgd(LR, momentum=0.9), {'trace': ('int8', 'fp8_e4m3')},
+        min_size=MIN_SIZE)),
+    Composition('adaptive_bits_resets', lambda: optax_q.adaptive_bits(
+        optax_q.reset_state(optax_q.scale_by_adam_local_age(), 10,
+                            groups=(('mu', 'nu'),)), min_size=MIN_SIZE)),
+    Composition('adam_with_resets_adaptive', lambda: optax.chain(
+        optax_q.adam_with_resets('adaptive', min_size=MIN_SIZE),
+        optax.scale(-LR))),
+    Composition('quantized_training', lambda: optax_q.quantized_training(
+        {'g': 'e5m2', 'm': 'e4m3', 'v': 'e5m2'}).optimizer(optax.adam(LR))),
+    Composition('quantize_gradients', lambda: optax.chain(
+        optax_q.quantize_gradients('e4m3'),
+        optax_q.adamw(LR, min_size=MIN_SIZE))),
+    # As the ECO page: clipping, then eco with low-bit moments.
+    Composition('eco_low_bit_moments', lambda: optax.chain(
+        optax.clip_by_global_norm(1.0),
+        optax_q.quantize_state(_eco((optax.adamw, {})),
+                               {'mu': 'int8_dynamic', 'nu': 'ue4m0'},
+                               min_size=0)), quantized_params=True),
+    Composition('eco_exact_sgd', lambda: _eco(
+        (optax.sgd, {'momentum': 0.9}), variant='exact'),
+                quantized_params=True),
+)
+LOOP = NAMED + [(c.name, c) for c in COMPOSITIONS]
+# The default suite donates the state of every other case of CASES (HALF:
+# their state machinery is shared) and of the compositions but for those
+# whose state another one already covers: 4-bit Muon (Muon's), Shampoo and
+# the float32 factor transforms (SOAP's). They run with -m slow.
+_LOOP_SLOW = {n for n, _ in NAMED[1::2]} | {
+    'muon_int4', 'shampoo', 'scale_by_shampoo', 'scale_by_soap'}
+LOOP_DEFAULT = [(n, c) for n, c in LOOP if n not in _LOOP_SLOW]
+LOOP_SLOW = [(n, c) for n, c in LOOP if n in _LOOP_SLOW]
+
+
+class LoopConventionsTest(parameterized.TestCase):
+  """Donation of the state and injected learning rates, for every case."""
+
+  @parameterized.named_parameters(LOOP_DEFAULT)
+  def test_init_state_survives_donation(self, case):
+    self._check_donation(case)
+
+  @parameterized.named_parameters(LOOP_SLOW)
+  @pytest.mark.slow
+  def test_init_state_survives_donation_slow(self, case):
+    self._check_donation(case)
+
+  def _check_donation(self, case):
+    # jax.jit(update, donate_argnums=...) on the fresh init state, as Flax
+    # and large-model loops do, two steps in a row.
+    quantized = getattr(case, 'quantized_params', False)
+    params = _quantized_params() if quantized else _params()
+    apply = optax_q.apply_updates if quantized else optax.apply_updates
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore')  # Resets on fp32 moments warn.
+      tx = (case.make() if isinstance(case, Composition)
+            else _make(case, False))
+    state = tx.init(params)
+    arrays = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array)]
+    # One array per leaf, none of them a parameter: donating the state must
+    # free each buffer once and leave the parameters alone.
+    self.assertLen({id(x) for x in arrays}, len(arrays))
+    self.assertEmpty({id(x) for x in arrays}
+                     & {id(x) for x in jax.tree.leaves(params)})
+
+    @functools.partial(jax.jit, donate_argnums=1)
+    def step(params, state, grads):
+      updates, state = tx.update(grads, state, params)
+      return apply(params, updates), state
+
+    with warnings.catch_warnings():
+      # Buffers XLA can't reuse in place (scalars, other dtypes) warn.
+      warnings.filterwarnings('ignore', 'Some donated buffers were not usable')
+      for i in range(2):
+        new_params, state = step(params, state, _grads(i, _params()))
+        params = new_params
+    # Donated, but for leaves the step never reads (stall telemetry it
+    # overwrites), which jit leaves alone.
+    self.assertTrue(not arrays or any(x.is_deleted() for x in arrays))
+    self.assertEqual(jax.tree.structure(state),
+                     jax.tree.structure(jax.eval_shape(tx.init, params)))
+    for x in jax.tree.leaves(optax_q.dequantize_params(params)):
+      self.assertTrue(bool(jnp.all(jnp.isfinite(x))))
+
+  def test_inject_learning_rate_without_static_args(self):
+    self._check_inject(optax_q.muon)
+
+  @parameterized.named_parameters(
+      ('shampoo', optax_q.shampoo), ('soap', optax_q.soap))
+  @pytest.mark.slow
+  def test_inject_learning_rate_without_static_args_slow(self, fn):
+    self._check_inject(fn)
+
+  def _check_inject(self, fn):
+    # The drop-ins outside CASES (test_inject_hyperparams_layout_static_by_
+    # default covers those in it). Only the learning rate, as a schedule:
+    # every other argument keeps its default (numbers among them become
+    # injected arrays; Muon's ns_steps an integer one).
+    schedule = optax.linear_schedule(LR, 0.0, 10)
+    params = _params()
+    tx = optax.inject_hyperparams(fn)(learning_rate=schedule)
+    _, state, updates = _run(tx, params)
+    _, _, want = _run(fn(schedule), params)
+    self.assertEqual(float(state.hyperparams['learning_rate']),
+                     float(schedule(STEPS - 1)))
+    self.assertNotEmpty(optax_q.quantized_leaves(state))
+    for step, (got_u, want_u) in enumerate(zip(updates, want)):
+      for a, b in zip(jax.tree.leaves(got_u), jax.tree.leaves(want_u)):
+        # Injected numbers are float32 arrays, not Python floats: the same
+        # arithmetic to float32 rounding at the first step. Later, a
+        # stochastic rounding may go the other way on a code, and an
+        # orthogonalisation or an eigenbasis (of a degenerate factor: SOAP's
+        # rank-1 statistics after one step) spreads that over the matrix:
+        # the updates keep their size.
+        if step == 0:
+          self.assertLessEqual(float(jnp.max(jnp.abs(a - b))),
+                               1e-4 * float(jnp.max(jnp.abs(b))))
+        self.assertAlmostEqual(float(jnp.linalg.norm(a)),
+                               float(jnp.linalg.norm(b)),
+                               delta=1e-2 * float(jnp.linalg.norm(b)))
 
 
 class SubprocessTest(absltest.TestCase):

@@ -421,6 +421,99 @@ class TreeMapParamsTest(parameterized.TestCase):
       self.assertEqual(q.scale, q.codes)
 
 
+# Strict mode on the state of every optimizer and wrapper: on a layout whose
+# axes divide, the rule places every leaf (Muon's Newton-Schulz coefficients,
+# a constant of the transform, replicated); where it can't, one error names
+# every leaf and axis.
+STRICT_LAYOUT = {'w': ((256, 1024), P('data', 'model')),
+                 'b': ((1024,), P('model'))}
+
+
+def _strict_cases():
+  eco_adamw = optax.inject_hyperparams(optax.adamw)(1e-3)
+  return {
+      'muon': (optax_q.muon(1e-3, min_size=0), False),
+      'muon_int4': (optax_q.muon(1e-3, mu_format='int4', block_size=128,
+                                 min_size=0), False),
+      'shampoo': (optax_q.shampoo(1e-3, min_size=0), False),
+      'soap': (optax_q.soap(1e-3, min_size=0), False),
+      'adaptive_bits': (optax_q.adamw(1e-3, bits='adaptive', min_size=0),
+                        False),
+      'resets': (optax_q.adamw(1e-3, reset_every='adaptive', min_size=0),
+                 False),
+      'quantized_training': (optax_q.quantized_training(
+          {'g': 'e5m2', 'w': 'e4m3', 'm': 'e4m3', 'v': 'e5m2'}).optimizer(
+              optax.adam(1e-3)), False),
+      'eco_fp8_weights': (optax_q.quantize_state(
+          optax_q.eco(eco_adamw, 'fp8_e4m3'),
+          {'mu': 'int8_dynamic', 'nu': 'ue4m0'}, min_size=0), True),
+  }
+
+
+class StrictModeTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    _skip_unless_8_devices(self)
+    self.shardings = {n: NamedSharding(_mesh(), spec)
+                      for n, (_, spec) in STRICT_LAYOUT.items()}
+
+  @parameterized.named_parameters(
+      (n, n) for n in ('muon', 'muon_int4', 'shampoo', 'soap',
+                       'adaptive_bits', 'resets', 'quantized_training',
+                       'eco_fp8_weights'))
+  def test_strict_places_every_leaf(self, name):
+    tx, quantized = _strict_cases()[name]
+    params = _params(STRICT_LAYOUT)
+    if quantized:
+      params = optax_q.quantize_params(params, 'fp8_e4m3',
+                                       filter=lambda path, x: x.ndim == 2)
+      # The quantized weights take their parameter's spec too.
+      qshardings = optax_q.state_shardings(params, self.shardings,
+                                           strict=True)
+      self.assertEqual(qshardings['w'].codes.spec, P('data', 'model'))
+    abstract = jax.eval_shape(tx.init, params)
+    shardings = optax_q.state_shardings(abstract, self.shardings,
+                                        strict=True)
+    self.assertEqual(jax.tree.structure(shardings),
+                     jax.tree.structure(abstract))
+    specs = [tuple(s.spec) for s in jax.tree.leaves(shardings)]
+    self.assertIn(('model',), specs)  # Sharded as 'b', not replicated.
+    if name != 'soap':  # SOAP holds 'w' as a grid of blocks (here 1 x 1).
+      self.assertIn(('data', 'model'), specs)
+    if name.startswith('muon'):
+      muon_state = shardings.inner_state.inner_states['muon'].inner_state[0]
+      self.assertEqual(muon_state.ns_coeffs.spec, P())
+
+  def test_strict_error_names_every_leaf(self):
+    # 96 / 32 = 3 and 160 / 32 = 5 blocks, which 'model' (2) can't split;
+    # and a buffer of a parameter missing from param_shardings.
+    layout = {'odd': ((64, 96), P('data', 'model')),
+              'odder': ((64, 160), P('data', 'model'))}
+    tx = optax_q.adamw(1e-2, mu_format='int8', nu_format='int8',
+                       block_size=32, min_size=0)
+    abstract = jax.eval_shape(tx.init, _params(layout))
+    other = jax.eval_shape(tx.init, {'v': jnp.zeros((4, 128))})
+    shardings = {n: NamedSharding(_mesh(), spec)
+                 for n, (_, spec) in layout.items()}
+    with self.assertRaises(ValueError) as raised:
+      optax_q.state_shardings((abstract, other), shardings, strict=True)
+    message = str(raised.exception)
+    for leaf in ("mu['odd'] (scales): axis 1 has 3",
+                 "nu['odd'] (scales): axis 1 has 3",
+                 "mu['odder'] (scales): axis 1 has 5",
+                 "nu['odder'] (scales): axis 1 has 5",
+                 "state[1][0].inner_state.mu['v'] is a QArray",
+                 "state[1][0].inner_state.nu['v'] is a QArray"):
+      self.assertIn(leaf, message)
+    self.assertIn('strict=False', message)
+    # Not strict: those axes and buffers are replicated.
+    out = optax_q.state_shardings((abstract, other), shardings)
+    self.assertEqual(out[0][0].inner_state.mu['odder'].scale.spec,
+                     P('data', None))
+    self.assertEqual(out[1][0].inner_state.mu['v'].codes.spec, P())
+
+
 class SubprocessTest(absltest.TestCase):
 
   def test_sharded_tests_on_8_devices(self):

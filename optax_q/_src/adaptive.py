@@ -517,9 +517,11 @@ def _init(cfg: _Config, quantized, params) -> AdaptiveBitsState:
       fields=fields, ladders=tuple(cfg.ladders[f] for f in fields),
       block_size=cfg.block_size, period=cfg.period, patience=cfg.patience,
       names=tuple(names))
-  zeros = jnp.zeros([num], jnp.float32)
+  # One array per leaf: a state whose leaves share a buffer can't be donated
+  # (jax.jit(..., donate_argnums=...) would free it twice).
   stats = BitStatistics(
-      magnitude=zeros, dispersion=zeros,
+      magnitude=jnp.zeros([num], jnp.float32),
+      dispersion=jnp.zeros([num], jnp.float32),
       samples=jnp.zeros([num], jnp.int32),
       zone=jnp.full([num], -1, jnp.int32),
       pending=jnp.full([num], -1, jnp.int32),

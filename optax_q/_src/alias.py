@@ -356,7 +356,7 @@ def lion(
     weight_decay: float = 1e-3,
     mask: Any = None,
     *,
-    mu_format: Any = 'int8_dynamic',
+    mu_format: Any = 'int8',
     rounding: str = 'stochastic',
     block_size: int | None = None,
     seed: int | None = None,
@@ -377,7 +377,15 @@ def lion(
     weight_decay: Decoupled weight decay, >= 0, or an Optax schedule.
     mask: As in ``optax.lion``.
     mu_format: Format of the momentum (see [`get_format`][optax_q.get_format]);
-      signed.
+      signed. Linear ``'int8'`` by default, not the dynamic map of the other
+      drop-ins: Lion's update is the sign of a mix of the momentum and the
+      gradient, decided by the values near the block maximum, where linear
+      int8's spacing (0.8% of the maximum) is finer than the dynamic map's
+      (2.8%). On Optax's Rosenbrock test (10,000 steps, within 3e-2) linear
+      int8 passes for 4 seeds (0.32-0.66 of the tolerance, as float32's
+      0.66), ``'int8_dynamic'`` fails all 4 (1.95-3.62x the tolerance) and
+      ``'fp8_e4m3'`` 2 of 4; 8-bit Muon stores its momentum in linear int8
+      for the same reason.
     rounding: ``'nearest'`` or ``'stochastic'``.
     block_size: Elements per scale along the last axis; None: 128.
     seed: Seed of the stochastic rounding; None: 0.

@@ -138,16 +138,24 @@ def muon(
     adam_weight_decay: Its decoupled weight decay, >= 0.
     adam_learning_rate: Its learning rate; None: ``learning_rate``.
     muon_weight_dimension_numbers: Which parameters Muon trains and along
-      which axes, as in ``optax.contrib.muon`` (None: every 2-D leaf).
+      which axes, as in ``optax.contrib.muon`` (None: every 2-D leaf): a
+      ``MuonDimensionNumbers``, a tree of them (None for the leaves the
+      auxiliary Adam trains) that prefixes the parameters, or a callable
+      ``params -> tree``. Checked at construction, and against the
+      parameters at ``init`` (each axis in range, reduction and output axes
+      disjoint, every leaf trained by Muon of rank >= 2).
     **muon_options: Further keyword arguments of ``optax.contrib.muon``
-      (``adaptive``, ``consistent_rms``, ...).
+      (``adaptive``, ``consistent_rms``, ...). (``optax.inject_hyperparams``
+      passes them back as one ``muon_options={...}`` keyword: accepted.)
 
   Returns:
     An Optax gradient transformation.
 
   Raises:
     ValueError: at construction, naming the bad argument and the allowed
-      values.
+      values (at ``init`` for dimension numbers that do not fit the
+      parameters). Under ``optax.inject_hyperparams`` numbers arrive as
+      arrays: concrete ones are checked, traced ones accepted.
 
   Examples:
     >>> import jax.numpy as jnp, optax_q
@@ -163,13 +171,17 @@ def muon(
     Gupta et al, [Effective Quantization of Muon Optimizer
     States](https://arxiv.org/abs/2509.23106), 2025
   """
+  validation.check_number(learning_rate, 'learning_rate', schedule=True)
   _check_numbers(
       decays=dict(beta=beta, adam_b1=adam_b1, adam_b2=adam_b2),
       nonnegative=dict(eps=eps, weight_decay=weight_decay,
                        adam_weight_decay=adam_weight_decay),
-      rates=dict(learning_rate=learning_rate,
-                 adam_learning_rate=adam_learning_rate))
-  ns_steps = validation.check_int(ns_steps, 'ns_steps', low=0)
+      rates=dict(adam_learning_rate=adam_learning_rate))
+  # An int, or an integer array as optax.inject_hyperparams passes it.
+  ns_steps = validation.check_int(ns_steps, 'ns_steps', low=1, traced=True)
+  muon_options = _options(muon_options)
+  dimension_numbers = _checked_dimension_numbers(
+      muon_weight_dimension_numbers)
   formats = {
       ('muon', 'mu'): formats_lib.check_signed_format(mu_format, 'mu_format'),
       ('adam', 'mu'): formats_lib.check_signed_format(
@@ -188,7 +200,7 @@ def muon(
   # labels (the caller's dimension numbers and mask fit their own tree).
   _check_layout_known(make(), formats)
   tx = make(weight_decay_mask=weight_decay_mask,
-            muon_weight_dimension_numbers=muon_weight_dimension_numbers)
+            muon_weight_dimension_numbers=dimension_numbers)
   if scale_mode is not None:
     scale_mode = validation.check_scale(scale_mode)
     for fmt in formats.values():
@@ -198,6 +210,115 @@ def muon(
       min_size=min_size,
       block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
       scale_mode=scale_mode, track_stalls=track_stalls)
+
+
+def _options(options: dict[str, Any]) -> dict[str, Any]:
+  """``**muon_options``, with the ``muon_options={...}`` keyword that
+  ``optax.inject_hyperparams`` passes back (it binds the catch-all by
+  name) unpacked."""
+  options = dict(options)
+  nested = options.pop('muon_options', {})
+  if not isinstance(nested, dict):
+    raise ValueError(
+        'muon_options must be a dict of keyword arguments of '
+        f'optax.contrib.muon, got {validation.short(nested)}.')
+  twice = sorted(set(nested) & set(options))
+  if twice:
+    raise ValueError(f'muon options {twice} are given twice.')
+  return {**nested, **options}
+
+
+_DIMS_WHAT = (
+    'muon_weight_dimension_numbers must be None, an '
+    'optax.contrib.MuonDimensionNumbers, a tree of them (None for the '
+    'leaves the auxiliary Adam trains) or a callable params -> such a tree')
+
+
+def _is_dims(x: Any) -> bool:
+  return x is None or isinstance(x, optax.contrib.MuonDimensionNumbers)
+
+
+def _axes(axes: Any, name: str) -> tuple[int, ...]:
+  """One side of a ``MuonDimensionNumbers``: an int or ints, as a tuple."""
+  out = (axes,) if validation.is_int(axes) else axes
+  if (isinstance(out, str) or not isinstance(out, (tuple, list))
+      or not out or not all(validation.is_int(a) for a in out)
+      or len(set(out)) != len(out)):
+    raise ValueError(
+        f'{name} must be an int or a non-empty sequence of distinct ints '
+        f'(axes of the parameter), got {validation.short(axes)}.')
+  return tuple(int(a) for a in out)
+
+
+def _check_dims_tree(dims: Any, where: str) -> list[tuple[str, Any]]:
+  """``(path, MuonDimensionNumbers | None)`` of a tree of dimension numbers,
+  each checked on its own (axes ints, no axis on both sides)."""
+  flat = jax.tree_util.tree_flatten_with_path(dims, is_leaf=_is_dims)[0]
+  for path, d in flat:
+    at = f'{where}{jax.tree_util.keystr(path)}'
+    if not _is_dims(d):
+      raise ValueError(f'{_DIMS_WHAT}; {at} is {validation.short(d)}.')
+    if d is None:
+      continue
+    both = set(_axes(d.reduction_axis, f'{at}.reduction_axis')) & set(
+        _axes(d.output_axis, f'{at}.output_axis'))
+    if both:
+      raise ValueError(
+          f'{at} names axes {sorted(both)} as both reduction and output '
+          'axes; they must be disjoint.')
+  return flat
+
+
+def _fit_dims(dims: Any, params: Any, where: str) -> None:
+  """Raises unless every parameter that ``dims`` gives to Muon has the
+  axes it names (rank >= 2, in range, disjoint once made non-negative)."""
+  flat = _check_dims_tree(dims, where)
+  try:
+    subtrees = jax.tree.structure(dims, is_leaf=_is_dims).flatten_up_to(
+        params)
+  except (ValueError, TypeError) as e:
+    raise ValueError(
+        f'{where} must have the structure of the parameters (or a prefix '
+        f'of it): {e}') from None
+  for (path, d), sub in zip(flat, subtrees):
+    if d is None:
+      continue
+    for leaf_path, x in jax.tree_util.tree_flatten_with_path(sub)[0]:
+      name = jax.tree_util.keystr(path + leaf_path)
+      ndim = len(x.shape)
+      axes = {side: _axes(getattr(d, side), side)
+              for side in ('reduction_axis', 'output_axis')}
+      bad = [a for ax in axes.values() for a in ax if not -ndim <= a < ndim]
+      if ndim < 2 or bad:
+        raise ValueError(
+            f'{where} gives Muon the parameter {name} of shape '
+            f'{tuple(x.shape)} with {d}: '
+            + ('Muon trains only leaves of rank >= 2 (give it None to train '
+               'it with the auxiliary Adam).' if ndim < 2 else
+               f'axes {bad} are out of range for rank {ndim}.'))
+      red, out = ({a % ndim for a in ax} for ax in axes.values())
+      if red & out:
+        raise ValueError(
+            f'{where} gives the parameter {name} of rank {ndim} the axes '
+            f'{sorted(red & out)} as both reduction and output axes ({d}).')
+
+
+def _checked_dimension_numbers(dims: Any) -> Any:
+  """``dims`` checked as far as it can be without the parameters, and
+  wrapped so that ``optax.contrib.muon`` checks it against them at
+  ``init`` (its labels are computed there) rather than at the update."""
+  where = 'muon_weight_dimension_numbers'
+  if dims is None:
+    return None
+  if not callable(dims):
+    _check_dims_tree(dims, where)
+
+  def resolve(params):
+    tree = dims(params) if callable(dims) else dims
+    _fit_dims(tree, params, where if tree is dims else f'{where}(params)')
+    return tree
+
+  return resolve
 
 
 def _check_numbers(*, decays, nonnegative, rates) -> None:

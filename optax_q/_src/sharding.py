@@ -35,6 +35,7 @@ from the parameters'.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, NamedTuple
 
 import jax
@@ -45,11 +46,18 @@ from jax.sharding import PartitionSpec
 from optax_q._src import explicit
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import state_tree
+from optax_q._src import validation
 
 
-def _fit(sharding: NamedSharding, shape, *, strict: bool, what: str
-         ) -> NamedSharding:
-  """``sharding``'s spec on ``shape``, replicating axes that don't divide."""
+# State fields that hold a transform's constants, not per-parameter buffers
+# (Muon's Newton-Schulz coefficients): replicated, never stray.
+CONSTANT_FIELDS = ('ns_coeffs',)
+
+
+def _fit(sharding: NamedSharding, shape, *, problems: list[str] | None,
+         what: str) -> NamedSharding:
+  """``sharding``'s spec on ``shape``, replicating axes that don't divide
+  (and, in strict mode, where ``problems`` is a list, saying so there)."""
   mesh = sharding.mesh
   spec = tuple(sharding.spec)
   if len(spec) > len(shape):
@@ -63,37 +71,35 @@ def _fit(sharding: NamedSharding, shape, *, strict: bool, what: str
     if dim % size == 0:
       out.append(axes)
       continue
-    if strict and dim != 1:  # Axes reduced to 1 (row, tensor scales): fine.
-      raise ValueError(
+    if problems is not None and dim != 1:  # Axes reduced to 1: fine.
+      problems.append(
           f'{what}: axis {axis} has {dim} entries, which mesh axes {axes!r} '
-          f'(size {size}) do not divide. Pick a block_size so that the '
-          'number of blocks divides the mesh axis (4-bit codes: half the '
-          'axis must divide), or pass strict=False to replicate this axis.')
+          f'(size {size}) do not divide')
     out.append(None)
   return NamedSharding(mesh, PartitionSpec(*out),
                        memory_kind=sharding.memory_kind)
 
 
-def _scale_sharding(leaf, sharding, *, strict, what):
+def _scale_sharding(leaf, sharding, *, problems, what):
   if leaf.scale_mode == 'rank1':
     # Row and column maxima side by side: replicated (they are small).
     return NamedSharding(sharding.mesh, PartitionSpec(),
                          memory_kind=sharding.memory_kind)
-  return _fit(sharding, leaf.scale.shape, strict=strict, what=what)
+  return _fit(sharding, leaf.scale.shape, problems=problems, what=what)
 
 
-def _leaf_sharding(leaf, sharding, *, strict, what):
+def _leaf_sharding(leaf, sharding, *, problems, what):
   if leaf is None:
     return None
   if qarray_lib.is_qarray(leaf):
     return dataclasses.replace(
         leaf,
-        codes=_fit(sharding, leaf.codes.shape, strict=strict,
+        codes=_fit(sharding, leaf.codes.shape, problems=problems,
                    what=f'{what} (codes)'),
         scale=None if leaf.scale is None else _scale_sharding(
-            leaf, sharding, strict=strict, what=f'{what} (scales)'))
+            leaf, sharding, problems=problems, what=f'{what} (scales)'))
   if hasattr(leaf, 'shape'):
-    return _fit(sharding, leaf.shape, strict=strict, what=what)
+    return _fit(sharding, leaf.shape, problems=problems, what=what)
   return leaf  # MaskedNode and other empty nodes.
 
 
@@ -164,7 +170,9 @@ def state_shardings(
   and scales: an axis whose length the mesh axes do not divide is
   replicated, and a buffer of lower rank than its parameter is replicated
   whole. Everything else (step counters, telemetry scalars, statistics not
-  keyed by parameter) is replicated over the same mesh.
+  keyed by parameter, constants of the transform such as Muon's
+  Newton-Schulz coefficients ``ns_coeffs``) is replicated over the same
+  mesh.
 
   This is how to derive a quantized state's shardings: Optax's
   ``tree_map_params`` can't pair a QArray's two buffers with one leaf of a
@@ -176,11 +184,15 @@ def state_shardings(
     param_shardings: A tree of ``jax.sharding.NamedSharding``, all on one
       mesh, with the parameters' structure (or one ``NamedSharding`` when
       the parameters are one array).
-    strict: Raise a ``ValueError`` when an axis of a state buffer can't be
-      sharded like its parameter's (a block count or a packed length that
-      the mesh axes do not divide) instead of replicating that axis, and
-      when a buffer (a QArray or a float array of rank >= 1) lies outside
-      every subtree laid out like the parameters.
+    strict: For a layout meant to shard every state buffer as its
+      parameter: instead of replicating quietly, raise one ``ValueError``
+      naming each axis of a state buffer that can't be sharded like its
+      parameter's (a block count, a packed length or a preconditioner grid
+      that the mesh axes do not divide) and each buffer (a QArray or a
+      float array of rank >= 1, not a constant of the transform) outside
+      every subtree laid out like the parameters (buffers of parameters
+      missing from ``param_shardings``). Every optimizer and wrapper of the
+      library passes on a layout whose sharded axes divide.
 
   Returns:
     A tree like ``state`` (QArrays included) with ``NamedSharding`` leaves,
@@ -191,7 +203,8 @@ def state_shardings(
     ValueError: ``param_shardings`` is not a non-empty tree of
       ``NamedSharding`` on one mesh; or no subtree of ``state`` is laid out
       like it although ``state`` holds buffers (the tree does not match the
-      parameters); or, with ``strict``, as described above.
+      parameters); ``strict`` is not a bool; or, with ``strict``, as
+      described above.
 
   Examples:
     >>> import jax, jax.numpy as jnp, optax_q
@@ -208,10 +221,13 @@ def state_shardings(
   flat = _check_param_shardings(param_shardings)
   ctx = _Context(
       jax.tree.structure(param_shardings), [s for _, s in flat],
-      [jax.tree_util.keystr(p) for p, _ in flat], strict, [], [])
+      [jax.tree_util.keystr(p) for p, _ in flat],
+      [] if validation.check_bool(strict, 'strict') else None, [], [])
   out = _visit(state, '', ctx)
-  if ctx.stray and (strict or not ctx.matched):
+  if ctx.stray and not ctx.matched:
     _raise_stray(ctx)
+  if ctx.problems or (strict and ctx.stray):
+    _raise_strict(ctx)
   return out
 
 
@@ -221,7 +237,7 @@ class _Context(NamedTuple):
   param_def: Any
   shardings: list[NamedSharding]
   names: list[str]  # The parameters' key strings.
-  strict: bool
+  problems: list[str] | None  # Strict mode: what can't be placed.
   matched: list[str]  # Paths of the subtrees laid out like the parameters.
   stray: list[tuple[str, Any]]  # (path, leaf) of buffers outside them.
 
@@ -234,12 +250,12 @@ def _is_leaf(x) -> bool:
   return qarray_lib.is_qarray(x) or jax.tree_util.all_leaves([x])
 
 
-def _slot_sharding(slot, sharding, *, strict, what):
+def _slot_sharding(slot, sharding, *, problems, what):
   """Shardings of one parameter's slot: a buffer, a QArray or a subtree."""
   flat, slot_def = jax.tree_util.tree_flatten_with_path(
       slot, is_leaf=qarray_lib.is_qarray)
   return slot_def.unflatten([
-      _leaf_sharding(x, sharding, strict=strict,
+      _leaf_sharding(x, sharding, problems=problems,
                      what=what + jax.tree_util.keystr(p)) for p, x in flat])
 
 
@@ -262,13 +278,14 @@ def _visit(node, path: str, ctx: _Context):
     return None
   if ctx.single and _is_leaf(node):
     ctx.matched.append(path)
-    return _leaf_sharding(node, ctx.shardings[0], strict=ctx.strict,
+    return _leaf_sharding(node, ctx.shardings[0], problems=ctx.problems,
                           what=f'state{path}')
   slots = None if ctx.single or _is_leaf(node) else _per_parameter(node, ctx)
   if slots is not None:
     ctx.matched.append(path)
     return ctx.param_def.unflatten([
-        _slot_sharding(x, s, strict=ctx.strict, what=f'state{path}{n}')
+        _slot_sharding(x, s, problems=ctx.problems,
+                       what=f'state{path}{n}')
         for x, s, n in zip(slots, ctx.shardings, ctx.names)])
   if state_tree.is_telemetry(node):  # Per-leaf statistics: replicated.
     rep = NamedSharding(ctx.shardings[0].mesh, PartitionSpec())
@@ -287,26 +304,47 @@ def _replicated(node, path: str, ctx: _Context):
   rep = NamedSharding(mesh, PartitionSpec())
   for p, x in jax.tree_util.tree_flatten_with_path(
       node, is_leaf=qarray_lib.is_qarray)[0]:
-    if _is_buffer(x):
-      ctx.stray.append((path + jax.tree_util.keystr(p), x))
+    where = path + jax.tree_util.keystr(p)
+    if _is_buffer(x) and _field(where) not in CONSTANT_FIELDS:
+      ctx.stray.append((where, x))
   if qarray_lib.is_qarray(node):
     return dataclasses.replace(
         node, codes=rep, scale=None if node.scale is None else rep)
   return jax.tree.map(lambda _: rep, node)
 
 
+def _field(path: str) -> str | None:
+  """The innermost attribute named in a key string (``.mu['w']``: mu)."""
+  fields = re.findall(r'\.(\w+)', path)
+  return fields[-1] if fields else None
+
+
+def _raise_strict(ctx: _Context):
+  """The error of strict mode: every buffer, or axis of one, that the rule
+  does not shard like its parameter."""
+  lines = list(ctx.problems) + [
+      f'state{path} is {_describe(x)}, but it lies outside the subtrees laid '
+      'out like param_shardings '
+      f'({", ".join(f"state{m}" for m in ctx.matched[:3])})'
+      for path, x in ctx.stray]
+  raise ValueError(
+      f'state_shardings(strict=True): {len(lines)} state buffer(s) or '
+      'axes would not be sharded like their parameters:\n'
+      + '\n'.join(f'  {line}' for line in lines) + '\n'
+      'For an axis: pick a block_size (Shampoo and SOAP factors: a '
+      'max_preconditioner_dim) so that the number of blocks divides the mesh '
+      'axes (4-bit codes: half the axis must divide). For a buffer outside '
+      'the parameters\' subtrees: pass the shardings of the parameters the '
+      'state was initialised from. Or pass strict=False to replicate them.')
+
+
 def _raise_stray(ctx: _Context):
-  """The error for a buffer outside every per-parameter subtree."""
+  """The error for buffers when no subtree is laid out like the params."""
   path, x = ctx.stray[0]
   names = ctx.names
   params_like = ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
-  reason = ('no subtree of the state is laid out like param_shardings'
-            if not ctx.matched else
-            'it lies outside the subtrees laid out like param_shardings '
-            f'({", ".join(f"state{m}" for m in ctx.matched[:3])})')
   raise ValueError(
-      f'state{path} is {_describe(x)}, but {reason}, whose leaves are '
-      f'{params_like} ({len(names)} in all). Pass the shardings of the '
-      'parameters the state was initialised from, in their structure'
-      + ('.' if not ctx.matched else
-         ', or strict=False to replicate this buffer.'))
+      f'state{path} is {_describe(x)}, but no subtree of the state is laid '
+      f'out like param_shardings, whose leaves are {params_like} '
+      f'({len(names)} in all). Pass the shardings of the parameters the '
+      'state was initialised from, in their structure.')
