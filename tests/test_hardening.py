@@ -356,7 +356,8 @@ class CheckpointFormatTest(parameterized.TestCase):
     q = optax_q.quantize(jnp.ones((4, 256)), 'int4', block_size=64)
     keys = [jax.tree_util.keystr(p)
             for p, _ in jax.tree_util.tree_flatten_with_path(q)[0]]
-    self.assertEqual(keys, ['.codes:int4:block:64', '.scale:int4:block:64'])
+    self.assertEqual(keys, ['.codes:int4:block:64:(4,256)',
+                            '.scale:int4:block:64:(4,256)'])
 
 
 if __name__ == '__main__':

@@ -291,8 +291,8 @@ class PowerOfTwoScaleTest(parameterized.TestCase):
     q = optax_q.quantize(jnp.ones((2, 256)), 'nf4', scale_mode='block_pow2')
     keys = [jax.tree_util.keystr(k) for k, _ in
             jax.tree_util.tree_flatten_with_path(q)[0]]
-    self.assertEqual(keys, ['.codes:nf4:block_pow2:128',
-                            '.scale:nf4:block_pow2:128'])
+    self.assertEqual(keys, ['.codes:nf4:block_pow2:128:(2,256)',
+                            '.scale:nf4:block_pow2:128:(2,256)'])
 
 
 class BadNameTest(parameterized.TestCase):
@@ -367,7 +367,7 @@ class RangeExpansionTest(parameterized.TestCase):
     self.assertEqual(8 * q.nbytes / 1024, 8 + 32 / 128)
     keys = [jax.tree_util.keystr(k) for k, _ in
             jax.tree_util.tree_flatten_with_path(q)[0]]
-    self.assertEqual(keys[0], '.codes:fp8_e4m3_dre:block:128')
+    self.assertEqual(keys[0], '.codes:fp8_e4m3_dre:block:128:(4,256)')
 
   @parameterized.product(mode=('block', 'row', 'tensor'),
                          rounding=('nearest', 'stochastic'))

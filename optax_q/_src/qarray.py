@@ -52,9 +52,13 @@ reciprocal (in two exact steps for huge scales, so no reciprocal is a
 flushed subnormal). So whole, tiled and sharded encodings of a block give
 the same bits.
 
-Checkpoints: the format, scale mode and block size are part of the keys of
-a QArray's children (``codes:int4:block:128``), so a checkpoint restored
-into a state of another layout fails with an error naming both keys.
+Checkpoints: the format, scale mode, block size and logical shape are part
+of the keys of a QArray's children (``codes:int4:block:128:(36,130)``), so a
+checkpoint restored into a state of another layout or shape fails with an
+error naming both keys. The shape matters for packed codes, whose own shape
+hides the last axis's length: ``(36, 129)`` and ``(36, 130)`` both pack 4-bit
+codes into ``(36, 65)`` bytes, and 3-bit codes of 121 to 128 columns into
+48, so without it a restore would truncate, or decode the padding as values.
 """
 
 from __future__ import annotations
@@ -134,15 +138,23 @@ def layout_tag(q: QArray) -> str:
   return f'{tag}:{q.block_size}' if q.scale_mode in BLOCK_MODES else tag
 
 
+def checkpoint_tag(q: QArray) -> str:
+  """`layout_tag` and the logical shape, e.g. ``'nf4:block:128:(36,129)'``:
+  the suffix of the keys of ``q``'s children."""
+  return f"{layout_tag(q)}:{str(tuple(q.shape)).replace(' ', '')}"
+
+
 def _aux(q: QArray) -> tuple[Any, ...]:
   return (q.fmt, q.shape, q.dtype, q.scale_mode, q.block_size)
 
 
 def _flatten_with_keys(q: QArray):
-  # The layout is part of the children's keys, so a checkpoint written in
-  # one format cannot be restored into a state of another (Orbax matches
-  # restore targets by key path and names both paths when they differ).
-  tag = layout_tag(q)
+  # The layout and the logical shape are part of the children's keys, so a
+  # checkpoint written in one format or shape cannot be restored into a
+  # state of another (Orbax matches restore targets by key path and names
+  # both paths when they differ; the packed codes' own shape does not say
+  # the last axis's length).
+  tag = checkpoint_tag(q)
   return ((jax.tree_util.GetAttrKey(f'codes:{tag}'), q.codes),
           (jax.tree_util.GetAttrKey(f'scale:{tag}'), q.scale)), _aux(q)
 
