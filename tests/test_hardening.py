@@ -121,11 +121,13 @@ class HugeFiniteGradientTest(parameterized.TestCase):
     np.testing.assert_allclose(out[finite], x[finite], rtol=step * 1.01,
                                atol=2.0 * step * 1.01)
 
-  def test_nan_still_surfaces_in_its_block(self):
+  def test_nan_stays_in_its_element(self):
+    # An infinity that shares a block with a NaN decodes to NaN as well.
     x = jnp.ones((2, 128)).at[0, 5].set(jnp.nan).at[0, 6].set(jnp.inf)
-    out = optax_q.dequantize(optax_q.quantize(x, 'int8', block_size=64))
-    self.assertTrue(bool(jnp.all(jnp.isnan(out[0, :64]))))
-    np.testing.assert_array_equal(out[0, 64:], 1.0)
+    out = np.asarray(optax_q.dequantize(
+        optax_q.quantize(x, 'int8', block_size=64)))
+    self.assertTrue(np.all(np.isnan(out[0, 5:7])))
+    np.testing.assert_array_equal(np.delete(out[0], [5, 6]), 1.0)
     np.testing.assert_array_equal(out[1], 1.0)
 
 
