@@ -379,13 +379,14 @@ class SpecialValuesTest(parameterized.TestCase):
     out = np.asarray(optax_q.dequantize(
         optax_q.quantize(x, 'int8', block_size=64)))
     self.assertTrue(np.isnan(out[0, 5]))
-    np.testing.assert_array_equal(np.delete(out[0], 5), 1.0)
+    # Its block's scale is rounded down to 13 mantissa bits.
+    np.testing.assert_allclose(np.delete(out[0], 5), 1.0, rtol=2e-4)
     np.testing.assert_array_equal(out[1], 1.0)
     x = jnp.ones((128,)).at[3].set(jnp.inf).at[5].set(jnp.nan)
     out = np.asarray(optax_q.dequantize(
         optax_q.quantize(x, 'fp8_e4m3', block_size=64)))
     self.assertTrue(np.all(np.isnan(out[[3, 5]])))
-    np.testing.assert_array_equal(np.delete(out, [3, 5]), 1.0)
+    np.testing.assert_allclose(np.delete(out, [3, 5]), 1.0, rtol=2e-4)
 
   def test_non_finite_unscaled(self):
     x = jnp.array([jnp.nan, jnp.inf, -jnp.inf, 1.0])

@@ -127,7 +127,8 @@ class HugeFiniteGradientTest(parameterized.TestCase):
     out = np.asarray(optax_q.dequantize(
         optax_q.quantize(x, 'int8', block_size=64)))
     self.assertTrue(np.all(np.isnan(out[0, 5:7])))
-    np.testing.assert_array_equal(np.delete(out[0], [5, 6]), 1.0)
+    # Its block's scale is rounded down to 13 mantissa bits.
+    np.testing.assert_allclose(np.delete(out[0], [5, 6]), 1.0, rtol=2e-4)
     np.testing.assert_array_equal(out[1], 1.0)
 
 
