@@ -20,6 +20,7 @@ that is saved, restored into the abstract state of ``jax.eval_shape`` and
 continued must repeat the uninterrupted run bit for bit.
 """
 
+import functools
 import os
 import tempfile
 
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
+import pytest
 
 import optax_q
 
@@ -148,6 +150,123 @@ class CheckpointTest(parameterized.TestCase):
     q = opt2.opt_state[0].inner_state.nu['kernel']
     self.assertTrue(optax_q.is_qarray(q))
     self.assertEqual(q.codes.get_value().shape, (8, 128))
+
+
+# Packed formats, one of each packing (two codes per byte, eight per three
+# bytes) and kind (integer, signed and unsigned codebooks, float and
+# power-of-two grids); the others of the family in the slow suite.
+_PACKED = ('int4', 'nf4', 'nf3', 'fp4_e2m1', 'fp4_e2m2u', 'ue2m1')
+_PACKED_SLOW = ('ue2m2', 'ue3m1', 'ue1m2', 'ue3m0', 'e2m1', 'int4_unsigned',
+                'int4_sqrt', 'int3_sqrt', 'int4_mulaw', 'int3_mulaw',
+                'int4_softsign', 'int3_softsign')
+_MODES = ('block', 'row', 'tensor', 'rank1', 'block_pow2')
+# Last axes whose neighbours pack into as many bytes as they do: 13 and 14
+# codes of 4 bits take 7 bytes, 12 to 14 codes of 3 bits 6 bytes.
+_SAVED = ((5, 13), (5, 14))
+
+
+# Compiled: eager quantization dispatches each of its small operations.
+_quantize = jax.jit(optax_q.quantize,
+                    static_argnames=('fmt', 'scale_mode', 'block_size'))
+
+
+@functools.cache
+def _abstract(fmt, mode, shape):
+  return jax.eval_shape(lambda x: _quantize(
+      x, fmt, scale_mode=mode, block_size=8), jnp.zeros(shape))
+
+
+def _tag(shape):
+  return str(tuple(shape)).replace(' ', '')
+
+
+class ShapeChangeTest(parameterized.TestCase):
+  """A checkpoint never restores into a state of another shape.
+
+  Packed codes keep the rank and hide the length of the last axis (two
+  codes per byte, eight per three bytes), so a restore must not rely on
+  their shape: the logical shape is checked for every layout.
+  """
+
+  def _assert_refused(self, path, saved, leaf, old, new):
+    target = dict(saved)
+    target[leaf] = jax.eval_shape(lambda x: x, new)
+    with self.assertRaises(ValueError) as cm:
+      helpers.restore(path, target)
+    message = str(cm.exception)
+    self.assertIn(_tag(old.shape), message)
+    self.assertIn(_tag(new.shape), message)
+    self.assertIn(leaf, message)
+
+  def _check(self, fmt, modes):
+    values = jax.random.normal(jax.random.key(3), (5, 14))
+    if not optax_q.get_format(fmt).signed:
+      values = jnp.abs(values)
+    saved = {f'{mode}{shape[-1]}': _quantize(
+        values[:, :shape[-1]], fmt, scale_mode=mode, block_size=8)
+             for mode in modes for shape in _SAVED}
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, fmt)
+      helpers.save(path, saved)
+      abstract = jax.eval_shape(lambda t: t, saved)
+      # The same shapes restore exactly.
+      helpers.assert_trees_equal(helpers.restore(path, abstract), saved,
+                                 dtypes=True)
+      for leaf, q in abstract.items():
+        for axis in range(q.ndim):
+          for step in (-1, 1):
+            shape = list(q.shape)
+            shape[axis] += step
+            self._assert_refused(
+                path, abstract, leaf, q,
+                _abstract(fmt, q.scale_mode, tuple(shape)))
+
+  @parameterized.parameters(*_PACKED)
+  def test_packed_codes_refuse_another_shape(self, fmt):
+    self._check(fmt, ('block',))
+
+  def test_every_layout_refuses_another_shape(self):
+    self._check('nf3', _MODES)
+
+  @parameterized.parameters(*_PACKED, *_PACKED_SLOW)
+  @pytest.mark.slow
+  def test_packed_codes_refuse_another_shape_slow(self, fmt):
+    self._check(fmt, _MODES)
+
+  @parameterized.named_parameters(
+      ('adamw_nf4', lambda: optax_q.adamw(
+          1e-3, mu_format='nf4', nu_format='int4_unsigned', min_size=0)),
+      ('adaptive', lambda: optax_q.adamw(1e-3, min_size=0, bits='adaptive')),
+      ('muon_int4', lambda: optax_q.muon(1e-3, mu_format='int4', min_size=0)),
+      ('shampoo_nf4', lambda: optax_q.shampoo(
+          1e-3, mu_format='nf4', nu_format='int4_unsigned',
+          stats_format='int4', eigvecs_format='int4', min_size=0)),
+  )
+  def test_optimizer_state_refuses_another_shape(self, make):
+    tx = make()
+    params = {'w': jnp.ones((36, 129)) * 0.1}
+    state = jax.jit(tx.init)(params)
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, 'state')
+      helpers.save(path, state)
+      for cols in (130, 128):
+        target = jax.eval_shape(tx.init, {'w': jnp.ones((36, cols))})
+        with self.assertRaisesRegex(ValueError, r'\(36,129\)'):
+          helpers.restore(path, target)
+
+  @parameterized.parameters('nf4', 'nf3', 'int4')
+  def test_quantized_weights_refuse_another_shape(self, fmt):
+    params = {'w': jax.random.normal(jax.random.key(0), (36, 129))}
+    qparams = optax_q.quantize_params(params, fmt, filter='all')
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, 'weights')
+      helpers.save(path, qparams)
+      for cols in (130, 127):
+        target = jax.eval_shape(
+            lambda p: optax_q.quantize_params(p, fmt, filter='all'),
+            {'w': jnp.zeros((36, cols))})
+        with self.assertRaisesRegex(ValueError, r'\(36,129\)'):
+          helpers.restore(path, target)
 
 
 if __name__ == '__main__':

@@ -29,9 +29,15 @@ block's finite values are mapped a grid step inside the ends, and the
 block's scale is stored with its sign bit set. It decodes to the same
 infinity, so the element behaves as in float32 Adam (its update is
 ``m / inf = 0``), while the scale and the other codes of its block stay
-finite and the other elements keep their values. A NaN makes its block's
-scale NaN, so the whole block decodes to NaN: the error surfaces instead of
-hiding in a saturated code. In an unscaled float format NaN stays NaN, and an
+finite and the other elements keep their values. A NaN stays in its own
+element, as in float32: it takes no part in the scale either, it is stored
+at the grid's upper end code, and the block's scale is stored as a NaN that
+carries the scale in its payload (`box_scale`: the scale rounded down to 13
+mantissa bits); in such a block the end codes decode to NaN (an infinity
+that shares a block with a NaN decodes to NaN too) and the other codes to
+their values. Rank-1 scales keep a NaN in its element by their own rule,
+and power-of-two scales (one byte, as the OCP MX scale) decode a block with
+a NaN or an infinity to NaN as a whole. In an unscaled float format NaN stays NaN, and an
 infinity stays infinite where the container has infinities (``bf16``,
 ``fp16``, ``fp8_e5m2``) and becomes NaN where it does not (``fp8_e4m3``).
 Finite inputs never decode to a non-finite value: they saturate to the
@@ -52,9 +58,13 @@ reciprocal (in two exact steps for huge scales, so no reciprocal is a
 flushed subnormal). So whole, tiled and sharded encodings of a block give
 the same bits.
 
-Checkpoints: the format, scale mode and block size are part of the keys of
-a QArray's children (``codes:int4:block:128``), so a checkpoint restored
-into a state of another layout fails with an error naming both keys.
+Checkpoints: the format, scale mode, block size and logical shape are part
+of the keys of a QArray's children (``codes:int4:block:128:(36,130)``), so a
+checkpoint restored into a state of another layout or shape fails with an
+error naming both keys. The shape matters for packed codes, whose own shape
+hides the last axis's length: ``(36, 129)`` and ``(36, 130)`` both pack 4-bit
+codes into ``(36, 65)`` bytes, and 3-bit codes of 121 to 128 columns into
+48, so without it a restore would truncate, or decode the padding as values.
 """
 
 from __future__ import annotations
@@ -134,15 +144,23 @@ def layout_tag(q: QArray) -> str:
   return f'{tag}:{q.block_size}' if q.scale_mode in BLOCK_MODES else tag
 
 
+def checkpoint_tag(q: QArray) -> str:
+  """`layout_tag` and the logical shape, e.g. ``'nf4:block:128:(36,129)'``:
+  the suffix of the keys of ``q``'s children."""
+  return f"{layout_tag(q)}:{str(tuple(q.shape)).replace(' ', '')}"
+
+
 def _aux(q: QArray) -> tuple[Any, ...]:
   return (q.fmt, q.shape, q.dtype, q.scale_mode, q.block_size)
 
 
 def _flatten_with_keys(q: QArray):
-  # The layout is part of the children's keys, so a checkpoint written in
-  # one format cannot be restored into a state of another (Orbax matches
-  # restore targets by key path and names both paths when they differ).
-  tag = layout_tag(q)
+  # The layout and the logical shape are part of the children's keys, so a
+  # checkpoint written in one format or shape cannot be restored into a
+  # state of another (Orbax matches restore targets by key path and names
+  # both paths when they differ; the packed codes' own shape does not say
+  # the last axis's length).
+  tag = checkpoint_tag(q)
   return ((jax.tree_util.GetAttrKey(f'codes:{tag}'), q.codes),
           (jax.tree_util.GetAttrKey(f'scale:{tag}'), q.scale)), _aux(q)
 
@@ -549,18 +567,21 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows,
   """Unpacked codes and stored scales of float32 ``xf`` (rank >= 1)."""
   xb = _blocked(xf, scale_mode, block_size)
   is_inf = jnp.isinf(xb)
-  # The scale follows the finite values (NaN propagates into it); an
-  # infinity takes the grid's end code of its sign, and its block's
-  # scale is stored negated (sign bit set) to say so.
+  # The scale follows the finite values; an infinity takes the grid's end
+  # code of its sign, and its block's scale is stored negated (sign bit
+  # set) to say so; a NaN takes the upper end code, and its block's scale
+  # is stored boxed in a NaN (`box_scale`).
   u = (None if key is None
        else rounding_lib.uniform(key, xb.shape, **sr_rows))
+  nan_code = None
   if scale_mode == 'block_pow2' or fmt.expand:
-    absmax, has_inf = finite_maxima(xb, is_inf, axis=-1)
+    absmax, has_inf, has_nan = finite_maxima(xb, is_inf, axis=-1)
     target, inverse = block_targets(fmt, has_inf)
     if scale_mode == 'block_pow2':
-      stored = pow2_scale(absmax, target, has_inf)
+      stored = pow2_scale(absmax, target, has_inf | has_nan)
       y = scale_by_exponent(xb, stored, inverse=True)
     else:
+      # fp8 codes: a NaN keeps its own NaN code.
       steps = range_exponent(xb, ~is_inf, absmax, fmt)
       stored = with_exponent(absmax, steps)
       y = _expand(apply_inverse_scale(xb, group_maximum(stored)), steps,
@@ -568,18 +589,24 @@ def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows,
       stored = jnp.where(has_inf, -stored, stored)
   else:
     def per_block():
-      absmax, has_inf = finite_maxima(xb, is_inf, axis=-1)
-      target, inverse = block_targets(fmt, has_inf)
-      scale = block_scale(absmax, target, inverse)
-      return target, jnp.where(has_inf, -scale, scale), _reciprocal(scale)
+      absmax, has_inf, has_nan = finite_maxima(xb, is_inf, axis=-1)
+      target, inverse = block_targets(fmt, has_inf | has_nan)
+      scale, stored = box_scale(block_scale(absmax, target, inverse),
+                                has_nan)
+      stored = jnp.where(has_inf & ~has_nan, -stored, stored)
+      return target, stored, _reciprocal(scale)
     target, stored, reciprocal = (
         per_block() if apart_on is None
         else fusion.apart(per_block, apart_on))
     y = _times_reciprocal(xb, *reciprocal)
+    nan_code = grid_extremes(fmt)[1]
   # A block's finite values stay inside its target (a saturated scale may
-  # leave them above it), so that only infinities take the end codes.
+  # leave them above it), so that only infinities (and NaNs) take the end
+  # codes.
   limit = target[..., None]
   y = _mark_infinities(jnp.clip(y, -limit, limit), xb, fmt)
+  if nan_code is not None:
+    y = jnp.where(jnp.isnan(xb), np.float32(nan_code), y)
   codes = _encode_values(y, fmt, u, positive=xb > 0, clipped=fmt.signed)
   return _unblocked(codes, xf), stored
 
@@ -627,23 +654,63 @@ def _restore_infinities(out: jax.Array, y: jax.Array, magnitude: jax.Array,
 
 
 def finite_maxima(x: jax.Array, is_inf: jax.Array, axis
-                  ) -> tuple[jax.Array, jax.Array]:
-  """The largest finite magnitude along ``axis`` (0 if none; NaN where a
-  NaN is there), and whether an infinity is there.
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The largest finite magnitude along ``axis`` (0 if none), whether an
+  infinity is there, and whether a NaN is there.
 
-  A NaN is counted as an infinity in the magnitudes and mapped back: XLA's
-  CPU maximum reduction drops NaNs from rows of 256 and more (vectorized),
-  which would hide a NaN in some shapes and not in others. (One variadic
-  reduction for both was 3x faster on CPU, but it changed how the compiler
-  fused the moment update ahead of it, and with that where it contracted a
-  multiply and an add into a fused multiply-add: a sharded run's scales
-  then differed from an unsharded run's in their last bit.)
+  Non-finite values are replaced by zeros before the maximum (XLA's CPU
+  maximum reduction drops NaNs from rows of 256 and more, vectorized, so a
+  NaN must never reach it), and their kinds are found by reductions of
+  their own (boolean: a sharded bitwise-or reduction of integers is not
+  implemented on CPU). (One variadic reduction
+  for both was 3x faster on CPU, but it changed how the compiler fused the
+  moment update ahead of it, and with that where it contracted a multiply
+  and an add into a fused multiply-add: a sharded run's scales then
+  differed from an unsharded run's in their last bit.)
   """
-  mag = jnp.where(jnp.isnan(x), jnp.float32(jnp.inf),
-                  jnp.where(is_inf, jnp.float32(0), jnp.abs(x)))
+  is_nan = jnp.isnan(x)
+  mag = jnp.where(is_nan | is_inf, jnp.float32(0), jnp.abs(x))
   top = jnp.max(mag, axis=axis, initial=0.0)
-  return (jnp.where(jnp.isinf(top), jnp.float32(jnp.nan), top),
-          jnp.any(is_inf, axis=axis))
+  return top, jnp.any(is_inf, axis=axis), jnp.any(is_nan, axis=axis)
+
+
+# A NaN block's scale (`box_scale`): a quiet NaN (exponent all ones, bit 22)
+# with bit 21 set, and the scale's bits 30..10 (its exponent and 13 leading
+# mantissa bits) in bits 20..0. A NaN without bit 21 (the default NaN)
+# decodes its whole block to NaN.
+_BOX_TAG = 0x7FE00000
+_BOX_SHIFT = 10
+_BOX_PAYLOAD = 0x1FFFFF
+
+
+def box_scale(scale: jax.Array, has_nan: jax.Array
+              ) -> tuple[jax.Array, jax.Array]:
+  """``(magnitude, stored)``: the scale a block is encoded with, and the
+  float32 it is stored as (``scale`` (>= 0) where ``has_nan`` is False).
+
+  A block holding a NaN stores its scale, rounded down to 13 mantissa bits
+  (a relative change below ``2**-13``; rounding down keeps the largest code
+  from overflowing), inside the payload of a NaN: the stored scale says both
+  that the block's end codes are NaN and what its other codes are scaled by.
+  """
+  bits = lax.bitcast_convert_type(scale, jnp.uint32)
+  payload = bits >> jnp.uint32(_BOX_SHIFT)
+  cut = lax.bitcast_convert_type(payload << jnp.uint32(_BOX_SHIFT),
+                                 jnp.float32)
+  boxed = lax.bitcast_convert_type(payload | jnp.uint32(_BOX_TAG),
+                                   jnp.float32)
+  return jnp.where(has_nan, cut, scale), jnp.where(has_nan, boxed, scale)
+
+
+def unbox_scale(stored: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Inverse of `box_scale`, of a stored (signed) scale: ``(|scale|,
+  whether the block's end codes are NaN)``."""
+  bits = lax.bitcast_convert_type(stored, jnp.uint32)
+  boxed = (bits & jnp.uint32(_BOX_TAG)) == jnp.uint32(_BOX_TAG)
+  inner = lax.bitcast_convert_type(
+      (bits & jnp.uint32(_BOX_PAYLOAD)) << jnp.uint32(_BOX_SHIFT),
+      jnp.float32)
+  return jnp.where(boxed, inner, jnp.abs(stored)), boxed
 
 
 def _rank1_maxima(xf: jax.Array):
@@ -653,7 +720,8 @@ def _rank1_maxima(xf: jax.Array):
   out = []
   for axis in range(xf.ndim):
     others = tuple(a for a in range(xf.ndim) if a != axis)
-    out.append(finite_maxima(xf, is_inf, axis=others))
+    top, has_inf, has_nan = finite_maxima(xf, is_inf, axis=others)
+    out.append((jnp.where(has_nan, jnp.float32(jnp.nan), top), has_inf))
   return out
 
 
@@ -937,15 +1005,20 @@ def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
   elif q.scale is not None:
     scale = q.scale.reshape(1) if not shape else q.scale
     yb = _blocked(y, q.scale_mode, q.block_size)
-    magnitude = jnp.abs(scale)[..., None]
     # A block with its scale's sign bit set holds infinities at the grid's
-    # end codes (|scale| + inf: NaN in a NaN block).
-    flagged = jnp.signbit(scale)[..., None]
+    # end codes (|scale| + inf), a block with a boxed scale NaNs (a NaN
+    # scale that is not boxed: NaN, the whole block).
     if q.fmt.expand:
+      magnitude = jnp.abs(scale)[..., None]
+      flagged = jnp.signbit(scale)[..., None]
       out = group_maximum(scale)[..., None] * _contract(
           yb, exponent_steps(scale)[..., None], flagged, q.fmt)
     else:
-      out = yb * magnitude
+      magnitude, boxed = unbox_scale(scale)
+      out = yb * magnitude[..., None]
+      flagged = (jnp.signbit(scale) | boxed)[..., None]
+      # In a NaN block the end codes decode to NaN (NaN + inf).
+      magnitude = jnp.where(boxed, jnp.float32(jnp.nan), magnitude)[..., None]
     y = _unblocked(
         _restore_infinities(out, yb, magnitude, flagged, q.fmt), y)
   return y.reshape(shape).astype(dtype)
