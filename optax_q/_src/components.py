@@ -69,7 +69,7 @@ def _check_format(value: Any, component: str) -> formats_lib.Format | None:
     return None
   name = f'formats[{component!r}]'
   if component == 'v':
-    return formats_lib.check_format(value, name)
+    return formats_lib.check_second_moment_format(value, name)
   return formats_lib.check_signed_format(value, name)
 
 
