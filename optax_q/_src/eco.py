@@ -477,6 +477,8 @@ def eco(
   validation.check_transform(inner)
   fmt = (None if weight_format is None
          else weights.check_weight_format(weight_format, 'weight_format'))
+  if fmt is not None:
+    weights.check_stored_format(fmt, 'weight_format')
   validation.check_rounding(rounding)
   validation.check_choice(variant, 'variant', VARIANTS)
   decay_factor = validation.check_bool(decay_factor, 'decay_factor')
