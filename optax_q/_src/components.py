@@ -197,9 +197,9 @@ class QuantizedTraining:
     for c in sorted(self.required):
       if not set(MOMENT_FIELDS[c]) & names:
         raise ValueError(
-            f'formats[{c!r}]={self.formats[c].name!r}, but the optimizer '
-            f'state has no field {" or ".join(MOMENT_FIELDS[c])} (its float '
-            f'fields: {sorted(names)}).')
+            f'formats[{c!r}]={self.formats[c].name!r}, but the state of tx '
+            f'(the optimizer) has no field {" or ".join(MOMENT_FIELDS[c])} '
+            f'(its float fields: {sorted(names)}).')
 
   def _moment_formats(self, tx) -> dict[str, formats_lib.Format]:
     wanted = [c for c in ('m', 'v') if self.formats[c] is not None]

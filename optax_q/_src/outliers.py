@@ -40,8 +40,8 @@ def _tokens(h) -> jax.Array:
   (the ratios do not change; nothing overflows)."""
   h = jnp.asarray(h, jnp.float32)
   if h.ndim == 0 or h.size == 0:
-    raise ValueError(f'an activation needs a non-empty feature axis, got '
-                     f'shape {h.shape}.')
+    raise ValueError(f'h (an activation) needs a non-empty feature axis, '
+                     f'got shape {h.shape}.')
   return unit(jnp.abs(h.reshape(-1, h.shape[-1])), axis=-1)
 
 
@@ -126,7 +126,7 @@ def kurtosis(h: jax.Array, *, kind: str = 'flat') -> jax.Array:
   kind = validation.check_choice(kind, 'kind', KURTOSIS_KINDS)
   h = jnp.asarray(h, jnp.float32)
   if h.size == 0 or (kind == 'rms' and h.ndim == 0):
-    raise ValueError(f'kurtosis needs a non-empty array (with a feature '
+    raise ValueError(f'kurtosis needs a non-empty h (with a feature '
                      f"axis for kind='rms'), got shape {h.shape}.")
   if kind == 'rms' and h.size // h.shape[-1] < 2:
     raise ValueError(

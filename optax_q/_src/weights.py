@@ -254,8 +254,9 @@ def _map_chosen(params: Any, filter: Filter, fn, *,  # pylint: disable=redefined
   if require and flat and all(a is b for a, b in zip(
       out, (leaf for _, leaf in flat))):
     raise ValueError(
-        'filter chose no parameter to quantize (the default takes leaves '
-        "named 'kernel' of rank >= 2 outside embeddings and output layers); "
+        'filter chose no parameter of params to quantize (the default '
+        "takes leaves named 'kernel' of rank >= 2 outside embeddings and "
+        'output layers); '
         "pass filter='matrices', 'all' or a callable (path, leaf) -> bool.")
   return treedef.unflatten(out)
 
