@@ -225,7 +225,7 @@ def base_optimizer(problem: Problem, name: str, steps: int):
 
 def formats_of(component: str | None, mantissa: int | None):
   if component is None:
-    return None
+    return {}  # The float32 baseline.
   fmt = f'e8m{mantissa}'
   return fmt if component == 'all' else {component: fmt}
 

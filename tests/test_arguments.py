@@ -504,3 +504,353 @@ class MuonArgumentsTest(parameterized.TestCase):
 if __name__ == '__main__':
   n, clear = count()
   print(f'{n} cases, {clear} raise a clear early error')
+
+
+# ----------------------------------------------------------------------------
+# Public functions added after the table above was written: the same rule
+# (a clear ValueError or TypeError in the call, naming the argument).
+# ----------------------------------------------------------------------------
+
+_P2 = {'dense': {'kernel': jnp.linspace(-1.0, 1.0, 8 * 256).reshape(8, 256),
+                 'bias': jnp.zeros(256)}}
+
+
+def _qparams():
+  return optax_q.quantize_params(_P2, 'int8')
+
+
+def _adaptive_state():
+  return optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0).init(
+      {'w': jnp.zeros((8, 256))})
+
+
+def _adam_state():
+  return optax.scale_by_adam().init({'w': jnp.zeros((8, 256))})
+
+
+def _injected(opt, **kw):
+  return optax.inject_hyperparams(opt)(**{'learning_rate': 1e-3, **kw})
+
+
+_H = jnp.linspace(-1.0, 1.0, 64).reshape(4, 16)
+_LAYER = (jnp.tanh, jnp.tanh)
+
+LATER_BUILDERS: dict[str, Callable[..., Any]] = {
+    'shampoo': lambda **kw: optax_q.shampoo(**{'learning_rate': 1e-3, **kw}),
+    'soap': lambda **kw: optax_q.soap(**{'learning_rate': 1e-3, **kw}),
+    'scale_by_shampoo': lambda **kw: optax_q.scale_by_shampoo(**kw),
+    'scale_by_soap': lambda **kw: optax_q.scale_by_soap(**kw),
+    'adam_with_resets': lambda **kw: optax_q.adam_with_resets(
+        **{'reset_every': 100, 'formats': {'mu': 'int8', 'nu': 'int8'},
+           **kw}),
+    'scale_by_adam_local_age': lambda **kw: (
+        optax_q.scale_by_adam_local_age(**kw)),
+    'reset_where': lambda **kw: optax_q.reset_where(
+        **{'state': _adam_state(), 'where': True, **kw}),
+    'adaptive_bits': lambda **kw: optax_q.adaptive_bits(
+        **{'inner': optax.scale_by_adam(), **kw}),
+    'quantize_gradients': lambda **kw: optax_q.quantize_gradients(**kw),
+    'eco': lambda **kw: optax_q.eco(
+        **{'inner': _injected(optax.adamw), **kw}),
+    # eco reads the inner optimizer's hyperparameters: they are checked too.
+    'eco(adamw)': lambda **kw: optax_q.eco(_injected(optax.adamw, **kw)),
+    'eco(sgd)': lambda **kw: optax_q.eco(
+        _injected(optax.sgd, **{'momentum': 0.9, **kw})),
+    'quantize_params': lambda **kw: optax_q.quantize_params(
+        **{'params': _P2, **kw}),
+    'fake_quantize_params': lambda **kw: optax_q.fake_quantize_params(
+        **{'params': _P2, **kw}),
+    'dequantize_params': lambda **kw: optax_q.dequantize_params(
+        **{'params': _qparams(), **kw}),
+    'apply_updates': lambda **kw: optax_q.apply_updates(
+        **{'params': _qparams(), **kw}),
+    'relayout': lambda **kw: optax_q.relayout(
+        **{'state': _adaptive_state(), **kw}),
+    'bit_layout': lambda **kw: optax_q.bit_layout(
+        **{'state': _adaptive_state(), **kw}),
+    'bit_widths': lambda **kw: optax_q.bit_widths(
+        **{'state': _adaptive_state(), **kw}),
+    'quantized_training': lambda **kw: optax_q.quantized_training(
+        **{'formats': 'e4m3', **kw}),
+    'quantized_training.optimizer': lambda **kw: (
+        optax_q.quantized_training({'v': 'e4m3'}).optimizer(
+            **{'tx': optax.adam(1e-3), **kw})),
+    # optax_q.quant.
+    'rtn': lambda **kw: optax_q.quant.rtn(**kw),
+    'quest': lambda **kw: optax_q.quant.quest(**kw),
+    'Quantizer': lambda **kw: optax_q.quant.Quantizer(**kw),
+    'gaussian_clip': lambda **kw: optax_q.quant.gaussian_clip(
+        **{'bits': 4, **kw}),
+    'hadamard': lambda **kw: optax_q.quant.hadamard(**kw),
+    'kurtosis': lambda **kw: optax_q.quant.kurtosis(**{'h': _H, **kw}),
+    'kurtosis(rms)': lambda **kw: optax_q.quant.kurtosis(
+        **{'h': _H, 'kind': 'rms', **kw}),
+    'max_to_median': lambda **kw: optax_q.quant.max_to_median(**kw),
+    'max_to_mean': lambda **kw: optax_q.quant.max_to_mean(**kw),
+    'error_decomposition': lambda **kw: optax_q.quant.error_decomposition(
+        **{'layers': [_LAYER], 'x': _H, **kw}),
+    'linear_gain': lambda **kw: optax_q.quant.linear_gain(
+        **{'w': jnp.eye(16), 'w_q': jnp.eye(16), 'h': _H, 'hq': _H, **kw}),
+    'fit_scaling_law': lambda **kw: optax_q.quant.fit_scaling_law(
+        **{'num_params': [1e6, 1e7, 1e8, 1e9],
+           'loss': [4.0, 3.5, 3.1, 2.8], **kw}),
+    'ptq': lambda **kw: optax_q.quant.ptq(**kw),
+    'qat': lambda **kw: optax_q.quant.qat(**kw),
+    'quantize_linear': lambda **kw: optax_q.quant.quantize_linear(**kw),
+    'LinearQuantization': lambda **kw: optax_q.quant.LinearQuantization(
+        **kw),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LaterCase(Case):
+  """A row of ``LATER_CASES`` (built by ``LATER_BUILDERS``)."""
+
+  def call(self) -> Any:
+    return LATER_BUILDERS[self.func](**{self.arg: self.value})
+
+
+def _later(funcs, args, values: dict[str, Any]) -> list[Case]:
+  return [LaterCase(f, a, kind, v) for f in funcs for a in args
+          for kind, v in values.items()]
+
+
+_NOT_A_TREE = {'None': None, 'str': 'abc', 'int': 3}
+_NOT_A_STATE = dict(_NOT_A_TREE, adam_state=_adam_state())
+SECOND_ORDER = ('shampoo', 'soap')
+_NOT_A_QUANTIZER = {'str': 'rtn', 'int': 4, 'callable': jnp.tanh}
+
+LATER_CASES: list[Case] = (
+    # Shampoo and SOAP.
+    _later(SECOND_ORDER, ['learning_rate'], NONNEGATIVE)
+    + _later(SECOND_ORDER + ('scale_by_shampoo', 'scale_by_soap'),
+             ['b1', 'b2'], _without(UNIT, 'None'))
+    + _later(SECOND_ORDER + ('scale_by_shampoo', 'scale_by_soap'), ['eps'],
+             _without(NONNEGATIVE, 'None'))
+    + _later(SECOND_ORDER, ['weight_decay'], _without(NONNEGATIVE, 'None'))
+    + _later(SECOND_ORDER, ['mu_format', 'stats_format', 'eigvecs_format'],
+             dict(FORMAT, unsigned='fp4_e2m2u'))
+    + _later(SECOND_ORDER, ['nu_format'],
+             dict(FORMAT, nf4='nf4', nf3='nf3'))
+    + _later(SECOND_ORDER, ['seed'], _without(SEED, 'None'))
+    + _later(SECOND_ORDER, ['block_size'], _without(BLOCK_SIZE, 'None'))
+    + _later(SECOND_ORDER, ['rounding'], ROUNDING)
+    # Resets.
+    + _later(('adam_with_resets',), ['reset_every'],
+             {'str': '8', 'zero': 0, 'negative': -1, 'float': 8.5})
+    + _later(('adam_with_resets', 'scale_by_adam_local_age'), ['b1', 'b2'],
+             _without(UNIT, 'None', 'huge', 'vector'))
+    + _later(('reset_where',), ['state'], {'None': None, 'str': 'abc'})
+    # Adaptive bits.
+    + _later(('adaptive_bits',), ['inner'],
+             {'None': None, 'int': 3, 'factory': optax.scale_by_adam})
+    + _later(('adaptive_bits',), ['period', 'patience'],
+             {'str': '8', 'zero': 0, 'negative': -1, 'float': 8.5})
+    + _later(('relayout', 'bit_layout', 'bit_widths'), ['state'],
+             _NOT_A_STATE)
+    + _later(('relayout',), ['layout'], {'str': 'nf4/block', 'list': [1]})
+    + _later(('relayout',), ['step'], {'negative': -1, 'str': '3'})
+    # Gradient quantization.
+    + _later(('quantize_gradients',), ['fmt'], {**FORMAT, 'None': None})
+    + _later(('quantize_gradients',), ['rounding'], ROUNDING)
+    + _later(('quantize_gradients',), ['seed'], _without(SEED, 'None'))
+    + _later(('quantize_gradients',), ['block_size'],
+             _without(BLOCK_SIZE, 'None'))
+    # Quantized weights and ECO.
+    + _later(('quantize_params', 'fake_quantize_params'), ['fmt'],
+             {**_without(FORMAT, 'nan'), 'None': None,
+              'unsigned': 'fp4_e2m2u'})
+    + _later(('quantize_params',), ['fmt'],
+             {'fp32': 'fp32', 'float32': 'float32'})
+    + _later(('quantize_params', 'fake_quantize_params'), ['filter'],
+             {'unknown': 'dense', 'int': 3,
+              'returns_str': lambda path, leaf: 'yes',
+              'returns_none': lambda path, leaf: None,
+              'returns_int': lambda path, leaf: 1})
+    + _later(('quantize_params', 'fake_quantize_params'), ['rounding'],
+             ROUNDING)
+    + _later(('quantize_params', 'fake_quantize_params'), ['seed'],
+             _without(SEED, 'None'))
+    + _later(('quantize_params',), ['params'], _NOT_A_TREE)
+    + _later(('dequantize_params',), ['params'], {'str': 'abc'})
+    + _later(('apply_updates',), ['updates'],
+             {'None': None, 'other_tree': {'w': jnp.zeros(3)},
+              'plain_arrays': _P2})
+    + _later(('dequantize_params',), ['dtype'], {'int': 'int8', 'number': 3})
+    + _later(('eco',), ['inner'],
+             {'None': None, 'plain_adamw': optax.adamw(1e-3),
+              'lion': _injected(optax.lion),
+              'muon': _injected(optax.contrib.muon),
+              'nesterov': _injected(optax.sgd, momentum=0.9, nesterov=True)})
+    + _later(('eco',), ['weight_format'],
+             {**_without(FORMAT, 'nan'), 'fp32': 'fp32',
+              'unsigned': 'fp4_e2m2u'})
+    + _later(('eco',), ['rounding'], ROUNDING)
+    + _later(('eco',), ['variant'], {'unknown': 'fast', 'None': None})
+    + _later(('eco',), ['seed'], _without(SEED, 'None'))
+    + _later(('eco(adamw)',), ['b1'], {'zero': 0.0, 'one': 1.0})
+    + _later(('eco(adamw)',), ['b2'],
+             {'one': 1.0, 'above_one': 1.5, 'negative': -0.1,
+              'nan': float('nan')})
+    + _later(('eco(adamw)',), ['eps', 'weight_decay'],
+             {'negative': -1.0, 'nan': float('nan'), 'inf': float('inf')})
+    + _later(('eco(adamw)', 'eco(sgd)'), ['learning_rate'],
+             {'negative': -1e-3, 'nan': float('nan')})
+    + _later(('eco(sgd)',), ['momentum'],
+             {'zero': 0.0, 'one': 1.0, 'negative': -0.5})
+    # The four quantized components.
+    + _later(('quantized_training',), ['formats'],
+             {**_without(FORMAT, 'nan'), 'None': None,
+              'unknown_component': {'x': 'e4m3'},
+              'unsigned_moment': {'m': 'ue4m0'},
+              'nf4_second_moment': {'v': 'nf4'}})
+    + _later(('quantized_training',), ['rounding'], ROUNDING)
+    + _later(('quantized_training',), ['seed'], _without(SEED, 'None'))
+    + _later(('quantized_training',), ['block_size'],
+             _without(BLOCK_SIZE, 'None'))
+    + _later(('quantized_training.optimizer',), ['tx'],
+             {'None': None, 'sgd_without_nu': optax.sgd(1e-3, momentum=0.9),
+              'lion_without_nu': optax.lion(1e-3)})
+    # optax_q.quant.
+    + _later(('rtn', 'quest', 'gaussian_clip'), ['bits'],
+             {'one': 1, 'above': 17, 'str': '4', 'float': 4.5, 'None': None})
+    + _later(('rtn', 'quest'), ['granularity'], {'unknown': 'col', 'int': 1})
+    + _later(('rtn', 'quest', 'gaussian_clip'), ['grid'],
+             {'unknown': 'floor', 'int': 1})
+    + _later(('quest',), ['hadamard_block'],
+             {'odd': 96, 'zero': 0, 'huge': 2**15, 'str': '128'})
+    + _later(('Quantizer',), ['method'], {'unknown': 'gptq', 'None': None})
+    + _later(('Quantizer',), ['hadamard_block'], {'with_rtn': 128})
+    + _later(('hadamard',), ['n'], {'odd': 6, 'zero': 0, 'str': '4'})
+    + _later(('kurtosis',), ['kind'], {'unknown': 'pearson', 'None': None})
+    + _later(('kurtosis', 'kurtosis(rms)'), ['h'], {'empty': jnp.zeros((0,))})
+    # One token: 'flat' takes it (see OneDimensionalTest), 'rms' cannot
+    # average a channel over it.
+    + _later(('kurtosis(rms)',), ['h'],
+             {'one_token': _H[0], 'one_token_2d': _H[:1]})
+    + _later(('max_to_median', 'max_to_mean'), ['h'],
+             {'scalar': jnp.float32(1.0), 'empty': jnp.zeros((3, 0))})
+    + _later(('error_decomposition',), ['layers'],
+             {'None': None, 'empty': [], 'not_pairs': [(jnp.tanh,)]})
+    + _later(('linear_gain',), ['h'], {'wrong_width': jnp.ones((4, 3))})
+    + _later(('fit_scaling_law',), ['loss'],
+             {'negative': [4.0, -3.5, 3.1, 2.8], 'short': [4.0, 3.5]})
+    + _later(('ptq', 'qat'), ['bits'], {'one': 1, 'str': '4'})
+    + _later(('qat',), ['method'], {'unknown': 'gptq'})
+    + _later(('quantize_linear', 'LinearQuantization'),
+             ['weights', 'activations'], _NOT_A_QUANTIZER)
+    + _later(('quantize_linear',), ['enabled'], {'str': 'no', 'int': 2})
+)
+LATER_NAMES = [c.name for c in LATER_CASES]
+assert len(set(LATER_NAMES)) == len(LATER_NAMES), 'duplicate case names'
+assert not set(LATER_NAMES) & set(NAMES), 'case names shared with CASES'
+
+# Public callables without rows, and why.
+UNCHECKED = {
+    'is_linear_kernel': 'a predicate: any (path, leaf) gives a bool',
+    'is_qarray': 'a predicate: any value gives a bool',
+    'state_nbytes': 'takes any pytree (0 for no arrays)',
+    'stall_fraction': 'takes any pytree ({} without stall counters)',
+    'quantized_leaves': 'takes any pytree ({} without QArrays)',
+    'relative_error': 'two arrays; shapes are checked by broadcasting',
+    'linear_inputs': 'wraps any function',
+    'layer_errors': 'wraps any function; its quantization is checked when '
+                    'the wrapped function runs',
+    'muon': 'its rows are in the Muon block',
+}
+
+
+def _public_callables() -> set[str]:
+  out = set()
+  for module in (optax_q, optax_q.quant):
+    for name in module.__all__:
+      obj = getattr(module, name)
+      if (callable(obj) and not isinstance(obj, type)) or name in (
+          'Quantizer', 'LinearQuantization'):
+        out.add(name)
+  return out
+
+
+class LaterFunctionsTest(parameterized.TestCase):
+  """The bad-input table of the functions added after ``CASES``."""
+
+  @parameterized.named_parameters((c.name, c) for c in LATER_CASES)
+  def test_clear_early_error(self, case):
+    self.assertIsNone(problem(case))
+
+  def test_every_public_function_has_rows(self):
+    covered = {c.func.split('(')[0].split('.')[0]
+               for c in CASES + LATER_CASES}
+    missing = _public_callables() - covered - set(UNCHECKED)
+    self.assertEmpty(missing, f'public functions without rows: {missing}')
+    self.assertEmpty(set(UNCHECKED) & covered)
+
+
+class LaterEarlyChecksTest(absltest.TestCase):
+  """Errors that can only come at init or update come there, clearly; and
+  what the table's refusals leave accepted."""
+
+  def test_eco_weight_format_checked_at_init_and_update(self):
+    params = _qparams()
+    tx = optax_q.eco(_injected(optax.adamw), weight_format='fp8_e4m3')
+    with self.assertRaisesRegex(ValueError, "weight_format='fp8_e4m3'.*"
+                                "'dense/kernel'.*'int8'"):
+      tx.init(params)
+    # Initialised on the float parameters, it refuses at the first update.
+    state = tx.init(_P2)
+    with self.assertRaisesRegex(ValueError, "weight_format='fp8_e4m3'.*"
+                                "'int8'"):
+      tx.update(_P2, state, params)
+
+  def test_eco_says_muon_is_not_supported(self):
+    with self.assertRaisesRegex(ValueError, 'Muon') as e:
+      optax_q.eco(_injected(optax.contrib.muon))
+    self.assertNotIn('build it with optax.inject_hyperparams',
+                     str(e.exception))
+
+  def test_optax_apply_updates_names_optax_q_apply_updates(self):
+    params = _qparams()
+    tx = optax_q.eco(_injected(optax.adamw), weight_format='int8')
+    updates, _ = tx.update(_P2, tx.init(params), params)
+    with self.assertRaisesRegex(ValueError, r'optax_q\.apply_updates'):
+      optax.apply_updates(params, updates)
+    new = optax_q.apply_updates(params, updates)
+    self.assertEqual(new['dense']['kernel'].fmt.name, 'int8')
+
+  def test_one_token_metrics(self):
+    h = _H[1]
+    self.assertEqual(float(optax_q.quant.max_to_median(h)),
+                     float(optax_q.quant.max_to_median(h[None])))
+    self.assertEqual(float(optax_q.quant.max_to_mean(h)),
+                     float(optax_q.quant.max_to_mean(h[None])))
+    x = np.asarray(h, np.float64)
+    d = x - x.mean()
+    want = np.mean(d**4) / np.mean(d**2) ** 2 - 3
+    self.assertAlmostEqual(float(optax_q.quant.kurtosis(h)), want, places=4)
+
+  def test_second_moment_grids_still_accepted(self):
+    for fmt in ('int4', 'ue4m0', 'int4_sqrt', 'fp4_e2m1', 'fp8_e4m3'):
+      optax_q.soap(1e-3, nu_format=fmt)
+      optax_q.adamw(1e-3, nu_format=fmt)
+    optax_q.quantized_training({})  # The float32 baseline.
+
+  def test_relayout_result_assigns_into_an_nnx_optimizer(self):
+    from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
+    tx = optax_q.adamw(1e-3, bits={'period': 1, 'patience': 1},
+                       min_size=0, block_size=32)
+    opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+    @nnx.jit
+    def step(model, opt, x):
+      grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
+      opt.update(model, grads)
+
+    x = jnp.ones((4, 64))
+    step(model, opt, x)
+    layout = optax_q.bit_layout(opt.opt_state)
+    opt.opt_state = optax_q.relayout(opt.opt_state, {
+        k: 'nf3/block' if '/mu/' in k else v for k, v in layout.items()})
+    self.assertIn('nf3/block', optax_q.bit_layout(opt.opt_state).values())
+    step(model, opt, x)  # Failed: immutable node of type QArray.
+    self.assertTrue(bool(jnp.all(jnp.isfinite(model.kernel[...]))))

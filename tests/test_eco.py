@@ -418,7 +418,9 @@ class EcoOraclesTest(parameterized.TestCase):
     # At float32 the residual is zero: ECO is the inner optimizer.
     grad, _, w0 = _problem(3)
     sched = optax.linear_schedule(0.0, 1e-2, 5)
-    qp = optax_q.quantize_params({'kernel': w0}, 'fp32')
+    # quantize_params refuses fp32 (it quantizes nothing); the codec's
+    # identity layout is the oracle here.
+    qp = {'kernel': optax_q.quantize(w0, 'fp32')}
     tx = optax_q.eco(_inject(opt, sched))
     # Eager on both sides: compiled, XLA may contract a product and a sum
     # into one fused multiply-add in one program and not in the other.

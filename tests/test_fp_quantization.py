@@ -278,7 +278,7 @@ class QuantizedTrainingTest(parameterized.TestCase):
 
   def test_each_component_changes_the_run(self):
     want, _ = _train(optax.adam(1e-2), _params())
-    for component in optax_q.quantized_training(None).formats:
+    for component in optax_q.quantized_training({}).formats:
       q = optax_q.quantized_training({component: 'e3m2'})
       got, _ = _train(q.optimizer(optax.adam(1e-2)), _params(), q.weights)
       self.assertFalse(np.array_equal(got['w'], want['w']), component)

@@ -758,12 +758,35 @@ def _reencode(q: QArray, fmt: Format, mode: str, block_size: int) -> QArray:
       key=None, dtype=q.dtype)
 
 
+def _box_of(x: Any) -> Any:
+  """The box (an ``nnx.Variable``) around codes or scales, or None."""
+  if x is None or isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+    return None
+  children = jax.tree_util.tree_flatten_with_path(
+      x, is_leaf=lambda y: y is not x)[0]
+  return x if len(children) == 1 and children[0][0] == (
+      jax.tree_util.GetAttrKey('value'),) else None
+
+
 def _convert(q: QArray, fmt: Format, mode: str, block_size: int) -> QArray:
-  """``q`` re-encoded (nearest) in ``fmt``; abstract in, abstract out."""
+  """``q`` re-encoded (nearest) in ``fmt``; abstract in, abstract out.
+
+  Boxes around the codes and scales (``nnx.Optimizer`` wraps every state
+  array in one) go around the new codes and scales, so that the result can
+  be assigned back to the optimizer as it is."""
   mode = _scale_mode_for(fmt, mode, q)
-  if isinstance(q.codes, jax.ShapeDtypeStruct):
-    return jax.eval_shape(lambda x: _reencode(x, fmt, mode, block_size), q)
-  return _reencode(q, fmt, mode, block_size)
+  boxes = (_box_of(q.codes), _box_of(q.scale))
+  plain = dataclasses.replace(q, **{
+      f: jax.tree.leaves(b)[0] for f, b in zip(('codes', 'scale'), boxes)
+      if b is not None})
+  if isinstance(plain.codes, jax.ShapeDtypeStruct):
+    new = jax.eval_shape(lambda x: _reencode(x, fmt, mode, block_size), plain)
+  else:
+    new = _reencode(plain, fmt, mode, block_size)
+  return dataclasses.replace(new, **{
+      f: state_tree.rebox(b, getattr(new, f))
+      for f, b in zip(('codes', 'scale'), boxes)
+      if b is not None and getattr(new, f) is not None})
 
 
 def _replace_leaves(state_inner, changes: dict[tuple, QArray]):
@@ -823,6 +846,18 @@ def _parse_layout(entry: Any, name: str, policy: BitPolicy, field: str
       f'{field!r}: {[_layout_name(f, m) for f, m in ladder]}.')
 
 
+def _check_adaptive_state(state: Any, func: str) -> None:
+  """``state`` holds at least one `AdaptiveBitsState`."""
+  if not any(_is_adaptive(x) for x in jax.tree.leaves(
+      state, is_leaf=lambda x: _is_adaptive(x) or qarray_lib.is_qarray(x))):
+    raise ValueError(
+        f'{func} needs a state with adaptive bits (an optimizer state holding '
+        'AdaptiveBitsState nodes, from optax_q.adaptive_bits or bits='
+        "'adaptive' / bits={...} of adam and adamw), but state="
+        f'{validation.short(state)} of type {type(state).__name__} holds '
+        'none.')
+
+
 def _map_adaptive(fn: Callable[[AdaptiveBitsState, str], Any], state: Any):
   """``fn(node, 'a/b/')`` on every `AdaptiveBitsState` of ``state``."""
   return jax.tree_util.tree_map_with_path(
@@ -839,6 +874,15 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
   structure: the next call of a jitted step compiles once for it). Leaves
   are decoded and re-encoded with round-to-nearest; the others are
   returned as they are (same buffers).
+
+  With a Flax NNX optimizer, pass its state and assign the result back:
+  ``opt.opt_state = optax_q.relayout(opt.opt_state, step=step)``. The
+  boxes ``nnx.Optimizer`` puts around the state's arrays are kept around
+  the new codes and scales. A state of plain arrays (one restored from a
+  checkpoint without them, say) assigned there fails at the next
+  ``opt.update`` with "Cannot set key ... on immutable node of type
+  QArray" (or of another state node): wrap it first,
+  ``opt.opt_state = nnx.data(flax.nnx.training.optimizer.to_opt_state(new))``.
 
   Args:
     state: Any optimizer state holding
@@ -861,6 +905,12 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
     The state with every adapted leaf in its committed (or given) format;
     ``state`` itself (the same object) when no leaf changes.
 
+  Raises:
+    ValueError: if ``state`` holds no
+      [`AdaptiveBitsState`][optax_q.AdaptiveBitsState] (None, a plain
+      optimizer's state), ``layout`` is not a dict of candidates of this
+      state, or ``step`` is not an int >= 0.
+
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
     >>> tx = optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0)
@@ -870,6 +920,7 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
     >>> optax_q.bit_layout(state)['inner/inner_state/mu/w']
     'nf3/block'
   """
+  _check_adaptive_state(state, 'relayout')
   if step is not None:
     step = validation.check_int(step, 'step')
     periods = {x.policy.commit_period for x in jax.tree.leaves(
@@ -928,6 +979,7 @@ def bit_layout(state: Any) -> dict[str, str]:
     >>> optax_q.bit_layout(tx.init({'w': jnp.zeros((8, 256))}))
     {'0/inner/inner_state/mu/w': 'nf4/block', '0/inner/inner_state/nu/w': 'ue4m0/block'}
   """
+  _check_adaptive_state(state, 'bit_layout')
   out = {}
 
   def visit(node, prefix):
@@ -957,6 +1009,7 @@ def bit_widths(state: Any) -> dict[str, float]:
     >>> optax_q.bit_widths(tx.init({'w': jnp.zeros((8, 256))}))
     {'0/inner/inner_state/mu/w': 4.25, '0/inner/inner_state/nu/w': 4.25}
   """
+  _check_adaptive_state(state, 'bit_widths')
   out = {}
 
   def visit(node, prefix):

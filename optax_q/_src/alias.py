@@ -55,7 +55,7 @@ def _moment_formats(field_formats: dict[str, Any]) -> dict[str, Any]:
   """``{field: Format or None}`` from ``{argname: (field, format)}``."""
   out = {}
   for argname, (field, fmt) in field_formats.items():
-    check = (formats_lib.check_format if field == 'nu'
+    check = (formats_lib.check_second_moment_format if field == 'nu'
              else formats_lib.check_signed_format)
     out[field] = None if fmt is None else check(fmt, argname)
   return out
@@ -181,7 +181,7 @@ def adamw(
       [`get_format`][optax_q.get_format]); ``'fp32'`` keeps it in float32.
     nu_format: Format of the second moment; signed codebooks become their
       unsigned variant, and unsigned formats such as ``'fp4_e2m2u'`` are
-      allowed here.
+      allowed here (the first-moment grids ``'nf4'`` and ``'nf3'`` are not).
     rounding: ``'nearest'`` or ``'stochastic'``.
     block_size: Elements per scale along the last axis, an even int in
       ``[2, 2**20]``; None: 128.
@@ -295,7 +295,8 @@ def adam(
     eps_root: Added inside the square root, >= 0.
     mu_format: Format of the first moment (see
       [`get_format`][optax_q.get_format]).
-    nu_format: Format of the second moment (unsigned variants allowed).
+    nu_format: Format of the second moment (unsigned variants allowed;
+      not the first-moment grids ``'nf4'`` and ``'nf3'``).
     rounding: ``'nearest'`` or ``'stochastic'``.
     block_size: Elements per scale along the last axis; None: 128.
     seed: Seed of the stochastic rounding; None: 0.

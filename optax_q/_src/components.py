@@ -69,7 +69,7 @@ def _check_format(value: Any, component: str) -> formats_lib.Format | None:
     return None
   name = f'formats[{component!r}]'
   if component == 'v':
-    return formats_lib.check_format(value, name)
+    return formats_lib.check_second_moment_format(value, name)
   return formats_lib.check_signed_format(value, name)
 
 
@@ -99,8 +99,8 @@ class QuantizedTraining:
 
   Attributes:
     formats: ``{component: Format or None}`` for ``'g'``, ``'w'``, ``'m'``
-      and ``'v'`` (None: float32); given as one format for all, a mapping,
-      or None.
+      and ``'v'`` (None: float32); given as one format for all or a
+      mapping (``{}``: all float32).
     rounding: ``'nearest'`` or ``'stochastic'``, for every component.
     seed: Seed of the stochastic rounding.
     scale_mode: ``{component: scale mode or None}`` (None: the default of
@@ -112,7 +112,7 @@ class QuantizedTraining:
       moments the optimizer has.
   """
 
-  formats: Formats = None
+  formats: Formats
   rounding: str = 'stochastic'
   seed: int = 0
   scale_mode: str | Mapping[str, str | None] | None = None
@@ -122,7 +122,13 @@ class QuantizedTraining:
 
   def __post_init__(self):
     raw = self.formats
-    given = _per_component({} if raw is None else raw, 'formats')
+    if raw is None:
+      raise ValueError(
+          'formats=None quantizes nothing: give one format for all '
+          "components (e.g. 'e4m3') or a dict with keys among "
+          f"{COMPONENTS} ('g' gradients, 'w' weights, 'm' first moment, "
+          "'v' second moment); {} keeps every component in float32.")
+    given = _per_component(raw, 'formats')
     fmts = {c: _check_format(v, c) for c, v in given.items()}
     modes = _per_component(self.scale_mode, 'scale_mode')
     if not isinstance(self.scale_mode, Mapping):  # One mode for the given.
@@ -191,9 +197,9 @@ class QuantizedTraining:
     for c in sorted(self.required):
       if not set(MOMENT_FIELDS[c]) & names:
         raise ValueError(
-            f'formats[{c!r}]={self.formats[c].name!r}, but the optimizer '
-            f'state has no field {" or ".join(MOMENT_FIELDS[c])} (its float '
-            f'fields: {sorted(names)}).')
+            f'formats[{c!r}]={self.formats[c].name!r}, but the state of tx '
+            f'(the optimizer) has no field {" or ".join(MOMENT_FIELDS[c])} '
+            f'(its float fields: {sorted(names)}).')
 
   def _moment_formats(self, tx) -> dict[str, formats_lib.Format]:
     wanted = [c for c in ('m', 'v') if self.formats[c] is not None]
@@ -264,8 +270,10 @@ def quantized_training(
     formats: One format for all four components, or a dict with keys among
       ``'g'`` (gradients), ``'w'`` (forward weights), ``'m'`` (first
       moment) and ``'v'`` (second moment); a missing key or None keeps
-      that component in float32. Any core format (``'e{E}m{M}'`` floats,
-      ``'e4m3'``, ``'int8'``, ...); ``'v'`` may be unsigned.
+      that component in float32 (``{}`` keeps them all: a baseline). Any
+      core format (``'e{E}m{M}'`` floats, ``'e4m3'``, ``'int8'``, ...);
+      ``'v'`` may be unsigned (not the first-moment grids ``'nf4'`` and
+      ``'nf3'``).
     rounding: ``'stochastic'`` (the paper's simulation) or ``'nearest'``.
     seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``.
     scale_mode: One scale mode for every component or a dict per
@@ -282,9 +290,9 @@ def quantized_training(
     ``gradients()`` and ``weights(params, step)``.
 
   Raises:
-    ValueError: at construction, for an unknown component (naming the
-      allowed ones), a bad format (naming the component), an unsigned
-      format for ``'g'``, ``'w'`` or ``'m'``, or a bad scale mode,
+    ValueError: at construction, for ``formats=None``, an unknown component
+      (naming the allowed ones), a bad format (naming the component), an
+      unsigned format for ``'g'``, ``'w'`` or ``'m'``, or a bad scale mode,
       rounding, seed, block size or ``min_size``.
 
   Examples:

@@ -113,31 +113,42 @@ def _hyper(state: Any, adam: bool) -> _Hyper:
       eps_root=f32('eps_root') if adam else None)
 
 
+def _is_muon(x: Any) -> bool:
+  return state_tree.is_namedtuple(x) and 'muon' in type(x).__name__.lower()
+
+
 def _probe(inner: optax.GradientTransformation) -> tuple[bool, dict]:
   """Checks ``inner`` at construction; whether it is Adam, and its
   hyperparameters at step 0."""
   state = inner.init({'w': jnp.zeros((2, 2), jnp.float32)})
   found = _find_all(state, _has_hyperparams)
   moments = _find_all(state, _is_moment)
-  how = ('build it with optax.inject_hyperparams, e.g. '
-         'optax_q.eco(optax.inject_hyperparams(optax.adamw)(1e-3)), so that '
-         'eco reads the learning rate and momentum of every step')
+  supported = ('eco supports SGD with momentum (optax.sgd with momentum) '
+               'and Adam/AdamW (optax.adam, optax.adamw)')
   if len(found) != 1:
     raise ValueError(
         f'inner must expose its hyperparameters exactly once ({len(found)} '
-        f'sets found): {how}.')
+        'sets found): build it with optax.inject_hyperparams, e.g. '
+        'optax_q.eco(optax.inject_hyperparams(optax.adamw)(1e-3)), so that '
+        'eco reads the learning rate and momentum of every step.')
+  if _find_all(state, _is_muon):
+    raise ValueError(
+        f'inner is Muon, which eco does not support: {supported}. Muon '
+        'orthogonalises its momentum before the step, so a residual fed '
+        'into the momentum is not re-applied as it is.')
   if len(moments) != 1:
     raise ValueError(
-        'inner must be SGD with momentum (optax.sgd with momentum) or '
-        f'Adam/AdamW (optax.adam, optax.adamw); found {len(moments)} '
-        f'momentum states: {how}.')
+        f'inner must be SGD with momentum or Adam/AdamW; its state holds '
+        f'{len(moments)} momentum states (optax.ScaleByAdamState or '
+        f'optax.TraceState): {supported}.')
   adam = isinstance(moments[0], optax.ScaleByAdamState)
   hp = {k: np.asarray(v) for k, v in found[0].hyperparams.items()}
   beta_name = 'b1' if adam else 'momentum'
   if 'learning_rate' not in hp or beta_name not in hp:
     raise ValueError(
-        f'inner has no numeric learning_rate or {beta_name} (a number, a '
-        f'scalar array or a schedule; it has {sorted(hp)}): {how}.')
+        f'inner has no numeric learning_rate or {beta_name} among its '
+        f'hyperparameters {sorted(hp)} (each a number, a scalar array or a '
+        f'schedule): {supported}.')
   for name, value in hp.items():
     if np.ndim(value) != 0:
       raise ValueError(f'{name} must be a scalar, got shape '
@@ -152,9 +163,11 @@ def _probe(inner: optax.GradientTransformation) -> tuple[bool, dict]:
         f'{beta_name} must be in (0, 1) for ECO, got {beta}: the feedback '
         f'coefficient (1 - 1/{beta_name}) / learning_rate needs momentum '
         '(plain SGD has no buffer to carry the residual).')
-  for name in ('b2', 'eps', 'weight_decay'):
-    if name in hp and not np.all(np.isfinite(hp[name])):
-      raise ValueError(f'{name} must be finite, got {hp[name]}.')
+  # The other hyperparameters eco reads, as the optimizers check them.
+  for name, high in (('b2', 1.0), ('eps', None), ('eps_root', None),
+                     ('weight_decay', None)):
+    if name in hp:
+      validation.check_number(hp[name], f"inner's {name}", high=high)
   _check_update_rule(inner, adam)
   return adam, hp
 
@@ -206,14 +219,24 @@ def _as_float32(tree: Any) -> Any:
       tree, is_leaf=qarray_lib.is_qarray)
 
 
-def _init(inner, config, params) -> EcoState:
-  flat = jax.tree.leaves(params, is_leaf=qarray_lib.is_qarray)
-  for p in flat:
-    if qarray_lib.is_qarray(p) and config['fmt'] is not None and (
-        p.fmt != config['fmt']):
+def _check_formats(config, params) -> None:
+  """Every quantized parameter is stored in ``weight_format`` (if given)."""
+  if config['fmt'] is None:
+    return
+  flat = jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=qarray_lib.is_qarray)[0]
+  for path, p in flat:
+    if qarray_lib.is_qarray(p) and p.fmt != config['fmt']:
       raise ValueError(
-          f'weight_format={config["fmt"].name!r} but a parameter is stored '
-          f'as {p.fmt.name!r}; quantize_params with the same format.')
+          f'weight_format={config["fmt"].name!r}, but parameter '
+          f'{state_tree.path_str(path)!r} is stored as {p.fmt.name!r}: '
+          'quantize_params with the same format, or pass '
+          f'weight_format={p.fmt.name!r} (or None to accept each '
+          "parameter's own).")
+
+
+def _init(inner, config, params) -> EcoState:
+  _check_formats(config, params)
   # The inner optimizer runs in float32 whatever the weights' dtype: its
   # moments are float32 (quantize_state shrinks them), and
   # ``optax.inject_hyperparams``, which casts hyperparameters to the
@@ -311,6 +334,7 @@ def _leaf(config, fb: _Feedback, key, p, w, du, m, nu, err):
 def _update(inner, config, updates, state, params=None, **extra_args):
   if params is None:
     raise ValueError('eco needs params in update(updates, state, params).')
+  _check_formats(config, params)  # init may have seen float params.
   treedef = jax.tree.structure(params, is_leaf=qarray_lib.is_qarray)
   flat_p = jax.tree.leaves(params, is_leaf=qarray_lib.is_qarray)
   try:
@@ -402,7 +426,8 @@ def eco(
       ``...(optax.adam)(...)`` or ``...(optax.sgd)(lr, momentum=...)``, with
       momentum (``b1`` or ``momentum``) in (0, 1).
     weight_format: The format the quantized parameters are stored in
-      (checked at ``init``); None accepts that of each parameter.
+      (checked at ``init`` and ``update``, naming both formats); None
+      accepts that of each parameter.
     rounding: ``'stochastic'`` (unbiased; the paper's recommendation) or
       ``'nearest'``: how new weights are quantized.
     variant: ``'eco'`` (the paper's memory-free rule), ``'exact'`` (the
@@ -427,9 +452,11 @@ def eco(
   Raises:
     ValueError: at construction, naming the argument: an unknown weight
       format, rounding or variant; ``inner`` without injected
-      hyperparameters or without momentum; ``b1`` or ``momentum`` not in
-      (0, 1) (0 would make the coefficient infinite); a negative learning
-      rate; ``nesterov=True``.
+      hyperparameters or without momentum, or Muon (not supported);
+      ``b1`` or ``momentum`` not in (0, 1) (0 would make the coefficient
+      infinite); a negative learning rate; ``b2`` not in [0, 1), a negative
+      or non-finite ``eps``, ``eps_root`` or ``weight_decay``;
+      ``nesterov=True``.
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
@@ -450,6 +477,8 @@ def eco(
   validation.check_transform(inner)
   fmt = (None if weight_format is None
          else weights.check_weight_format(weight_format, 'weight_format'))
+  if fmt is not None:
+    weights.check_stored_format(fmt, 'weight_format')
   validation.check_rounding(rounding)
   validation.check_choice(variant, 'variant', VARIANTS)
   decay_factor = validation.check_bool(decay_factor, 'decay_factor')

@@ -171,6 +171,9 @@ def error_decomposition(
   if not isinstance(layers, (list, tuple)):
     raise ValueError(f'layers must be a list of (f, fq) pairs, got '
                      f'{type(layers).__name__}.')
+  if not layers:
+    raise ValueError('layers must hold at least one (f, fq) pair, got an '
+                     f'empty {type(layers).__name__}.')
   h = hq = x
   out = []
   for i, pair in enumerate(layers):

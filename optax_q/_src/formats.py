@@ -639,6 +639,25 @@ def check_signed_format(fmt: Any, name: str) -> Format:
   return fmt
 
 
+def check_second_moment_format(fmt: Any, name: str) -> Format:
+  """`check_format` for a second moment (non-negative values).
+
+  A signed codebook that [`unsigned_variant`][optax_q.unsigned_variant]
+  keeps signed (the normal-quantile grids ``nf4`` and ``nf3``, made for
+  first moments) would spend the codes of its negative half on values a
+  second moment never takes: a ``ValueError`` naming ``name`` and the
+  second-moment grids instead.
+  """
+  fmt = check_format(fmt, name)
+  if fmt.kind == 'codebook' and min(unsigned_variant(fmt).table) < 0:
+    raise ValueError(
+        f'{name}={fmt.name!r} is a signed first-moment grid: a second moment '
+        'is never negative and would use half of its codes. Use a '
+        'second-moment grid such as ue4m0, int4 (stored unsigned), '
+        'int4_sqrt, int3_mulaw, fp4_e2m1, int8_dynamic or fp8_e4m3.')
+  return fmt
+
+
 def unsigned_variant(fmt: str | Format) -> Format:
   """The variant of ``fmt`` used for non-negative states (second moments).
 

@@ -14,7 +14,7 @@
 """Outlier metrics of activations and the inputs of a model's linear layers.
 
 An activation is read as ``(tokens, features)``: every axis but the last
-is a token axis. The optimizer study reports the max-to-median (or
+is a token axis (a 1-D activation is one token). The optimizer study reports the max-to-median (or
 max-to-mean) ratio per token, averaged over tokens, and the excess
 kurtosis of all entries or of the per-channel RMS.
 """
@@ -40,8 +40,8 @@ def _tokens(h) -> jax.Array:
   (the ratios do not change; nothing overflows)."""
   h = jnp.asarray(h, jnp.float32)
   if h.ndim == 0 or h.size == 0:
-    raise ValueError(f'an activation needs a non-empty feature axis, got '
-                     f'shape {h.shape}.')
+    raise ValueError(f'h (an activation) needs a non-empty feature axis, '
+                     f'got shape {h.shape}.')
   return unit(jnp.abs(h.reshape(-1, h.shape[-1])), axis=-1)
 
 
@@ -60,7 +60,7 @@ def max_to_median(h: jax.Array) -> jax.Array:
   NaN).
 
   Args:
-    h: Activations, ``(..., features)``.
+    h: Activations, ``(..., features)`` (1-D: one token).
 
   Returns:
     A float32 scalar.
@@ -82,7 +82,7 @@ def max_to_mean(h: jax.Array) -> jax.Array:
   """Max-to-mean ratio of ``|h|`` per token, averaged over tokens.
 
   Args:
-    h: Activations, ``(..., features)``.
+    h: Activations, ``(..., features)`` (1-D: one token).
 
   Returns:
     A float32 scalar (an all-zero token gives NaN).
@@ -105,7 +105,9 @@ def kurtosis(h: jax.Array, *, kind: str = 'flat') -> jax.Array:
   A Gaussian gives 0. A constant gives NaN (zero variance).
 
   Args:
-    h: Activations, ``(..., features)``.
+    h: Activations, ``(..., features)``: any shape for ``'flat'`` (a 1-D
+      ``h`` is one token); at least two tokens for ``'rms'``, whose
+      per-channel average over a single token would be just ``|h|``.
     kind: ``'flat'`` or ``'rms'``.
 
   Returns:
@@ -124,8 +126,13 @@ def kurtosis(h: jax.Array, *, kind: str = 'flat') -> jax.Array:
   kind = validation.check_choice(kind, 'kind', KURTOSIS_KINDS)
   h = jnp.asarray(h, jnp.float32)
   if h.size == 0 or (kind == 'rms' and h.ndim == 0):
-    raise ValueError(f'kurtosis needs a non-empty array (with a feature '
+    raise ValueError(f'kurtosis needs a non-empty h (with a feature '
                      f"axis for kind='rms'), got shape {h.shape}.")
+  if kind == 'rms' and h.size // h.shape[-1] < 2:
+    raise ValueError(
+        f"kind='rms' averages each channel over tokens and needs h of shape "
+        f"(tokens, features) with at least 2 tokens, got shape {h.shape}; "
+        "kind='flat' takes one token.")
   if kind == 'rms':
     rows = h.reshape(-1, h.shape[-1])
     rows = unit(rows)  # Scale-free; nothing overflows.

@@ -227,7 +227,8 @@ class Quantizer:
     gradient: ``'ste'`` (straight through) or ``'trust'`` (only where the
       value was not clipped).
     hadamard_block: Block of the Hadamard rotation applied to both
-      operands of a linear layer before quantizing (None: no rotation).
+      operands of a linear layer before quantizing (None: no rotation;
+      ``'quest'`` only).
   """
 
   bits: int = 4
@@ -244,6 +245,11 @@ class Quantizer:
     validation.check_choice(self.grid, 'grid', GRIDS)
     validation.check_choice(self.gradient, 'gradient', GRADIENTS)
     check_hadamard_block(self.hadamard_block)
+    if self.method == 'rtn' and self.hadamard_block is not None:
+      raise ValueError(
+          f'hadamard_block={self.hadamard_block} is the rotation of '
+          "method='quest'; method='rtn' takes hadamard_block=None (use "
+          'quest(bits, hadamard_block=...) for a rotated quantizer).')
 
   def forward(self, x: jax.Array) -> tuple[jax.Array, jax.Array | None]:
     """The quantized values (float32) and, for ``'trust'``, the mask of

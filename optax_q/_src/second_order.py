@@ -65,7 +65,7 @@ def field_formats(*, mu_format, nu_format, stats_format, eigvecs_format
   eig = check_eigvecs_format(eigvecs_format)
   return {
       'mu': formats_lib.check_signed_format(mu_format, 'mu_format'),
-      'nu': formats_lib.check_format(nu_format, 'nu_format'),
+      'nu': formats_lib.check_second_moment_format(nu_format, 'nu_format'),
       'stats_l': stats, 'stats_r': stats, 'eigvecs_l': eig, 'eigvecs_r': eig,
   }
 

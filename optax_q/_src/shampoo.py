@@ -354,7 +354,8 @@ def shampoo(
     matrix_eps: Eigenvalue floor relative to the largest, in (0, 1].
     grafting: ``'adam'``, ``'sgd'`` or ``'none'``.
     mu_format: Format of the gradients' EMA; signed.
-    nu_format: Format of Adam grafting's second moment.
+    nu_format: Format of Adam grafting's second moment (not the
+      first-moment grids ``'nf4'`` and ``'nf3'``).
     stats_format: Format of the factor statistics; signed (their
       off-diagonal entries are).
     eigvecs_format: Format of the eigenbases; signed, at least 4 bits.

@@ -338,7 +338,8 @@ def soap(
       10. (None defaults stay static under ``optax.inject_hyperparams``.)
     shampoo_beta: EMA decay of the factor statistics; None: ``b2``.
     mu_format: Format of the first moment; signed.
-    nu_format: Format of the second moment.
+    nu_format: Format of the second moment (not the first-moment grids
+      ``'nf4'`` and ``'nf3'``).
     stats_format: Format of the factor statistics; signed.
     eigvecs_format: Format of the eigenbases; signed, at least 4 bits.
     rounding: ``'stochastic'`` or ``'nearest'`` for the moments and

@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from optax_q._src import formats as formats_lib
@@ -57,16 +58,31 @@ def _bits_of(x: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(x, _UINT[jnp.dtype(x.dtype).itemsize])
 
 
-@dataclasses.dataclass(frozen=True)
-class NewWeights:
-  """The update `optax_q.eco` gives a quantized parameter: its new
-  value, to be written by `apply_updates`.
+_APPLY_HINT = ('new quantized weights from optax_q.eco: apply them with '
+               'optax_q.apply_updates(params, updates), not '
+               'optax.apply_updates')
 
-  The codes and scales are held as their bit patterns (unsigned integers):
-  ``optax.apply_updates`` (and Flax's optimizers, which call it) then fail
-  on the structure instead of adding codes to codes, and a transform placed
-  after ``eco`` that rescales the updates turns them into floats, which
-  `apply_updates` refuses.
+
+class _NamedWithHint(type):
+  """Shows how to apply `NewWeights` wherever the type is printed: the
+  pytree structure error of ``optax.apply_updates`` names it."""
+
+  def __repr__(cls):
+    return f"<class '{cls.__module__}.{cls.__qualname__}' ({_APPLY_HINT})>"
+
+
+@dataclasses.dataclass(frozen=True)
+class NewWeights(metaclass=_NamedWithHint):
+  """The update `optax_q.eco` gives a quantized parameter: its new
+  value, to be written by `optax_q.apply_updates`.
+
+  Apply eco's updates with ``optax_q.apply_updates(params, updates)``, not
+  ``optax.apply_updates`` (nor an optimizer wrapper that calls it, such as
+  Flax's): those fail with a pytree structure error that names this type,
+  since the codes and scales are held as their bit patterns (unsigned
+  integers) instead of values to add. A transform placed after ``eco`` that
+  rescales the updates turns them into floats, which `apply_updates`
+  refuses.
   """
 
   codes: jax.Array
@@ -186,6 +202,15 @@ def check_weight_format(fmt: Any, name: str = 'fmt') -> formats_lib.Format:
   return formats_lib.check_signed_format(fmt, name)
 
 
+def check_stored_format(fmt: formats_lib.Format, name: str) -> None:
+  """Quantized parameters take a format narrower than float32."""
+  if fmt.is_identity:
+    raise ValueError(
+        f'{name}={fmt.name!r} stores float32 values as they are: nothing to '
+        'quantize. Pass a narrower format (fp8_e4m3, int8, int4, nf4, bf16, '
+        '...), or keep the float parameters.')
+
+
 def default_weight_scale_mode(fmt: formats_lib.Format) -> str:
   """Row-wise scales for scaled formats (ECO's fp8 setting), none else."""
   return 'row' if fmt.scaled else 'none'
@@ -221,7 +246,7 @@ def _map_chosen(params: Any, filter: Filter, fn, *,  # pylint: disable=redefined
       raise ValueError(
           f'parameter {state_tree.path_str(path)!r} is already quantized '
           f'({qarray_lib.layout_tag(leaf)}); pass the float parameters.')
-    if not chosen(path, leaf):
+    if not _choice(chosen(path, leaf), path):
       out.append(leaf)
       continue
     _check_float(path, leaf)
@@ -229,10 +254,45 @@ def _map_chosen(params: Any, filter: Filter, fn, *,  # pylint: disable=redefined
   if require and flat and all(a is b for a, b in zip(
       out, (leaf for _, leaf in flat))):
     raise ValueError(
-        'filter chose no parameter to quantize (the default takes leaves '
-        "named 'kernel' of rank >= 2 outside embeddings and output layers); "
+        'filter chose no parameter of params to quantize (the default '
+        "takes leaves named 'kernel' of rank >= 2 outside embeddings and "
+        'output layers); '
         "pass filter='matrices', 'all' or a callable (path, leaf) -> bool.")
   return treedef.unflatten(out)
+
+
+def _choice(value: Any, path: Any) -> bool:
+  """A filter's answer, which must be a bool (a Python, NumPy or concrete
+  0-d jax bool)."""
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  if (isinstance(value, (np.ndarray, jax.Array)) and value.shape == ()
+      and value.dtype == bool and not isinstance(value, jax.core.Tracer)):
+    return bool(value)
+  raise ValueError(
+      f'filter must return a bool (True to quantize the leaf), but returned '
+      f'{validation.short(value)} of type {type(value).__name__} for '
+      f'parameter {state_tree.path_str(path)!r}.')
+
+
+def check_params(params: Any, name: str = 'params', *,
+                 empty: bool = False) -> None:
+  """``params`` is a pytree whose leaves are arrays (or QArrays): a string,
+  an object (or, unless ``empty``, a tree without any array) is a
+  ``ValueError`` naming ``name``."""
+  leaves = jax.tree.leaves(params, is_leaf=qarray_lib.is_qarray)
+  for leaf in leaves:
+    if not (qarray_lib.is_qarray(leaf) or isinstance(
+        leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct,
+               int, float, complex))):
+      raise ValueError(
+          f'{name} must be a pytree of arrays (dicts, lists, Flax params), '
+          f'got a leaf {validation.short(leaf)} of type '
+          f'{type(leaf).__name__}.')
+  if not leaves and not empty:
+    raise ValueError(
+        f'{name} must be a pytree of arrays (dicts, lists, Flax params), got '
+        f'{validation.short(params)}, which holds no array.')
 
 
 def _check_float(path: Any, leaf: Any) -> None:
@@ -286,9 +346,11 @@ def quantize_params(
     of the leaves' shapes and dtypes.
 
   Raises:
-    ValueError: naming the argument, for an unknown format, scale mode or
-      rounding, a filter that is not a callable, a chosen leaf that is not
-      a float array, or a leaf that is already quantized.
+    ValueError: naming the argument, for ``params`` that hold no array, an
+      unknown format (or ``'fp32'``, which quantizes nothing), scale mode or
+      rounding, a filter that is not a callable or returns something other
+      than a bool, a chosen leaf that is not a float array, or a leaf that
+      is already quantized.
 
   Examples:
     >>> import jax.numpy as jnp, optax_q
@@ -303,10 +365,12 @@ def quantize_params(
     Nikdan et al, [ECO: Quantized Training without Full-Precision Master
     Weights](https://arxiv.org/abs/2601.22101), 2026
   """
+  check_params(params)
   name, scale_mode = validation.renamed('scale', scale, 'scale_mode',
                                         scale_mode)
   fmt, scale_mode, block_size = _weight_layout(
       fmt, scale_mode, block_size, rounding, name)
+  check_stored_format(fmt, 'fmt')
   seed = validation.check_seed(seed)
 
   def encode(index, path, leaf):
@@ -334,12 +398,17 @@ def dequantize_params(params: Any, dtype: Any = None) -> Any:
   Returns:
     The parameters as plain arrays.
 
+  Raises:
+    ValueError: if ``params`` is not a pytree of arrays, or ``dtype`` not a
+      float dtype.
+
   Examples:
     >>> import jax.numpy as jnp, optax_q
     >>> q = optax_q.quantize_params({'kernel': jnp.full((2, 4), 0.5)}, 'bf16')
     >>> optax_q.dequantize_params(q)['kernel'][0]
     Array([0.5, 0.5, 0.5, 0.5], dtype=float32)
   """
+  check_params(params, empty=True)
   return jax.tree.map(
       lambda x: qarray_lib.dequantize(x, dtype)
       if qarray_lib.is_qarray(x) else x, params, is_leaf=qarray_lib.is_qarray)
