@@ -103,8 +103,8 @@ def main() -> None:
   parser.add_argument('--block', action='store_true',
                       help='refuse the optional packages')
   parser.add_argument('--installed', action='store_true',
-                      help='require optax_q from site-packages, not a '
-                      'source tree')
+                      help='require an install with no extra: optax_q from '
+                      'site-packages, not a source tree, and no Flax')
   parser.add_argument('--only', default='',
                       help='comma-separated names of the optimizers to run '
                       '(default: all)')
@@ -133,8 +133,8 @@ def main() -> None:
       raise AssertionError(f'optax_q.quant: unclear error {e!r}') from e
     print(f'optax_q.quant: {e}')
   else:
-    if args.block:
-      raise AssertionError('optax_q.quant imported with Flax refused')
+    if args.block or args.installed:
+      raise AssertionError('optax_q.quant imported without Flax')
     print('optax_q.quant: available')
 
   cases = _drop_ins(optax, optax_q, jnp)
