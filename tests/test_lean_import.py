@@ -25,11 +25,17 @@ loaded. ``.ci/run`` runs the same worker in a fresh environment where
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
 from absl.testing import absltest
 import pytest
+
+try:
+  import tomllib  # pylint: disable=g-import-not-at-top
+except ImportError:  # Python 3.10
+  tomllib = None
 
 import lean_worker  # pylint: disable=g-bad-import-order
 
@@ -100,6 +106,26 @@ class LeanImportTest(absltest.TestCase):
             or name in quant_modules or name == 'optax_q.quant'):
           bad.append(f'{module} imports {name}')
     self.assertEmpty(bad, '\n'.join(bad))
+
+  def test_extras_named_are_declared(self):
+    # The extra the ImportError names installs what optax_q.quant imports,
+    # and every extra the README, the docs and CI name exists.
+    if tomllib is None:
+      self.skipTest('tomllib needs Python 3.11')
+    extras = tomllib.loads((ROOT / 'pyproject.toml').read_text())[
+        'project']['optional-dependencies']
+    quant = {re.match(r'[A-Za-z0-9_.-]+', r).group() for r in extras['quant']}
+    self.assertEqual(quant, {'flax', 'scipy'})
+    self.assertIn('quant', re.findall(r'[a-z]+', extras['dev'][0]))
+    texts = [ROOT / 'README.md', ROOT / '.ci' / 'run', PACKAGE / 'quant.py',
+             *sorted((ROOT / 'docs').glob('*.md'))]
+    named = set()
+    for path in texts:
+      for group in re.findall(r"(?:\.|optax_q)\[([a-z,]+)\]",
+                              path.read_text()):
+        named.update(group.split(','))
+    self.assertContainsSubset({'quant', 'dev', 'docs', 'models'}, named)
+    self.assertContainsSubset(named, set(extras))
 
   def test_drop_ins_run_without_optional_packages(self):
     # A representative few (one quantized drop-in, a wrapper around an
