@@ -159,12 +159,14 @@ def main() -> None:
 
     after = two_steps(params, tx.init(params))
     moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)))
+                for a, b in zip(jax.tree.leaves(after),
+                                jax.tree.leaves(before)))
     if not (np.isfinite(moved) and moved > 0):
       raise AssertionError(f'{name}: two steps moved the parameters by {moved}')
     print(f'{name}: ok (largest change {moved:.3g}, '
           f'{time.perf_counter() - start:.1f} s)')
-  loaded = [m for m in _loaded_optional() if m.partition('.')[0] not in JAX_OWN]
+  loaded = [m for m in _loaded_optional()
+            if m.partition('.')[0] not in JAX_OWN]
   if loaded:
     raise AssertionError(f'the optimizers loaded {loaded}')
   print('ok')
