@@ -80,7 +80,19 @@ from optax_q._src.weights import quantize_params
 
 __version__ = '0.1.0'
 
-from optax_q import quant  # pylint: disable=g-bad-import-order
+
+def __getattr__(name: str):
+  # `optax_q.quant` (model quantization, which needs Flax and SciPy) is
+  # imported on first use, so `import optax_q` needs only jax, optax, numpy
+  # and ml_dtypes and stays about as fast as `import optax`.
+  if name == 'quant':
+    import importlib  # pylint: disable=g-import-not-at-top
+    return importlib.import_module('optax_q.quant')
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def __dir__():
+  return sorted({*globals(), 'quant'})
 
 __all__ = (
     'AdaptiveBitsState',

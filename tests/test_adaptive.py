@@ -481,7 +481,7 @@ class NnxTest(absltest.TestCase):
         opt.opt_state = nnx.data(nnx_optimizer.to_opt_state(new))
     self.assertNotEqual(optax_q.bit_layout(opt.opt_state), before)
     step(model, opt, x)  # Runs on the new layout.
-    self.assertTrue(bool(jnp.all(jnp.isfinite(model.kernel.value))))
+    self.assertTrue(bool(jnp.all(jnp.isfinite(model.kernel[...]))))
 
 
 class MeshTest(parameterized.TestCase):

@@ -341,7 +341,9 @@ def grid_extremes(fmt: Format) -> tuple[float, float, float]:
   if fmt.kind == 'int':
     return lo, hi, hi - 1.0
   top = math.floor(math.log2(hi))
-  return lo, hi, hi - 2.0 ** (top - fmt.mantissa_bits)
+  # One step below ``hi``: a step of its binade, or of the binade below
+  # when ``hi`` is a power of two (e2m0, e3m0_ieee; e3m1fn, whose 1.5 is NaN).
+  return lo, hi, hi - 2.0 ** (top - fmt.mantissa_bits - (hi == 2.0**top))
 
 
 # Scales above this are applied in two exact steps (a power of two, then the
