@@ -68,7 +68,7 @@ def _train(tx, params, steps, *, start=0, state=None, relayout=True,
     params, state = step(params, state, grads(i))
     if relayout:
       state = optax_q.relayout(state, step=i + 1)
-    layouts.append(optax_q.bit_layout(state))
+      layouts.append(optax_q.bit_layout(state))
   return params, state, layouts, step
 
 
