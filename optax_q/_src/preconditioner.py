@@ -144,6 +144,8 @@ def to_blocks(x: jax.Array, lay: Layout) -> jax.Array:
   if grid is not None:
     x = explicit.reshard(x, explicit.with_spec(
         x, grid if x.ndim == 2 else (None,) * x.ndim))
+    if grid == (None, None):  # Gathered whole: no sharding to carry.
+      grid = None
   x = x.reshape(lay.rows, lay.cols)
   x = jnp.pad(x, ((0, lay.grid_rows * lay.block_rows - lay.rows),
                   (0, lay.grid_cols * lay.block_cols - lay.cols)))
@@ -174,17 +176,18 @@ def from_blocks(b: jax.Array, lay: Layout, like: jax.Array) -> jax.Array:
 def aligned(blocks: jax.Array, *arrays: jax.Array) -> list[jax.Array]:
   """``arrays`` (per-block state, ``(grid_rows, grid_cols, ...)``) sharded
   over the grid as ``blocks`` is, on a mesh with Explicit axes."""
-  spec = explicit.spec_of(blocks)
-  if spec is None:
+  sharding = explicit.type_sharding(blocks)
+  if sharding is None:
     return list(arrays)
-  return [explicit.reshard(a, explicit.with_spec(
-      blocks, spec[:2] + (None,) * (a.ndim - 2))) for a in arrays]
+  grid = tuple(sharding.spec)[:2]
+  grid += (None,) * (2 - len(grid))
+  return [explicit.reshard(a, sharding.update(spec=jax.sharding.PartitionSpec(
+      *grid, *(None,) * (a.ndim - 2)))) for a in arrays]
 
 
 def restored(new: list[jax.Array], old: list[jax.Array]) -> list[jax.Array]:
   """``new`` per-block state sharded as the ``old`` it replaces."""
-  return [explicit.reshard(n, explicit.sharding_of(o))
-          for n, o in zip(new, old)]
+  return [explicit.like(n, o) for n, o in zip(new, old)]
 
 
 def eye_stack(shape) -> jax.Array:

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_q._src import formats as formats_lib
+from optax_q._src import explicit
 from optax_q._src import preconditioner as pc
 from optax_q._src import second_order
 
@@ -176,8 +177,11 @@ def _adam(cfg: pc.Settings, count, ages, g, mu, nu):
 
 
 def _vector(cfg: pc.Settings, count, ages, g, mu, nu):
-  """A parameter of rank < 2: Adam."""
-  return _adam(cfg, count, ages, g, mu, nu)
+  """A parameter of rank < 2: Adam (on a mesh with Explicit axes, its
+  moments computed sharded as the gradient and stored as they were)."""
+  direction, new_mu, new_nu = _adam(cfg, count, ages, g,
+                                    explicit.like(mu, g), explicit.like(nu, g))
+  return (direction, *pc.restored([new_mu, new_nu], [mu, nu]))
 
 
 def _update(cfg: pc.Settings, updates, state, params=None):
