@@ -102,8 +102,8 @@ class _Block(NamedTuple):
 def _first_basis(b: _Block, lay: pc.Layout) -> _Block:
   """The first refresh: eigenbases of the statistics (the moments are
   still zero)."""
-  left = pc.eigh(b.s_l, b.q_l, lay.padding('l'))
-  right = pc.eigh(b.s_r, b.q_r, lay.padding('r'))
+  left = pc.eigh(b.s_l, b.q_l, lay.padding('l'), canonical_null=True)
+  right = pc.eigh(b.s_r, b.q_r, lay.padding('r'), canonical_null=True)
   keep = lambda ok, new, old: jnp.where(ok[..., None, None], new, old)
   return b._replace(
       s_l=keep(left.ok, pc.diag_embed(left.values), b.s_l),
