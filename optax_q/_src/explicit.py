@@ -52,6 +52,19 @@ def sharding_of(x: Any) -> NamedSharding | None:
   return sharding
 
 
+def type_sharding(x: Any) -> NamedSharding | None:
+  """The sharding in ``x``'s type on a mesh with Explicit axes, replicated
+  ones included; None on other meshes and outside any mesh."""
+  try:
+    sharding = jax.typeof(x).sharding
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if not isinstance(sharding, NamedSharding) or (
+      jax.sharding.AxisType.Explicit not in sharding.mesh.axis_types):
+    return None
+  return sharding
+
+
 def spec_of(x: Any) -> tuple[Any, ...] | None:
   """One ``PartitionSpec`` entry per axis of ``x``, or None (see above)."""
   sharding = sharding_of(x)
@@ -85,6 +98,23 @@ def replicate_last_axis(x: jax.Array) -> jax.Array:
   if spec is None or spec[-1] is None:
     return x
   return jax.sharding.reshard(x, with_spec(x, spec[:-1] + (None,)))
+
+
+def replicated(x: Any) -> Any:
+  """``x`` gathered whole on every device (on other meshes: ``x``)."""
+  sharding = sharding_of(x)
+  if sharding is None:
+    return x
+  return jax.sharding.reshard(x, sharding.update(spec=PartitionSpec()))
+
+
+def like(x: Any, ref: Any) -> Any:
+  """``x`` sharded as ``ref``'s type says, replicated included (on other
+  meshes: ``x``)."""
+  sharding = type_sharding(ref)
+  if sharding is None or not hasattr(x, 'shape'):
+    return x
+  return reshard(x, sharding)
 
 
 def reshard(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:

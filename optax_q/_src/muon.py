@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from optax_q._src import explicit
 from optax_q._src import formats as formats_lib
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import state_tree
@@ -191,23 +192,21 @@ def muon(
   }
   make = functools.partial(
       optax.contrib.muon, learning_rate, ns_coeffs=ns_coeffs,
-      ns_steps=ns_steps, beta=beta,
-      eps=eps, weight_decay=weight_decay,
+      ns_steps=ns_steps, beta=beta, eps=eps, weight_decay=weight_decay,
       nesterov=validation.check_bool(nesterov, 'nesterov'), adam_b1=adam_b1,
       adam_b2=adam_b2, adam_weight_decay=adam_weight_decay,
       adam_learning_rate=adam_learning_rate, **muon_options)
   # The layout is checked on a probe tree, with the default parameter
   # labels (the caller's dimension numbers and mask fit their own tree).
   _check_layout_known(make(), formats)
-  tx = make(weight_decay_mask=weight_decay_mask,
-            muon_weight_dimension_numbers=dimension_numbers)
+  tx = _gathered_for_newton_schulz(make(weight_decay_mask=weight_decay_mask,
+      muon_weight_dimension_numbers=dimension_numbers))
   if scale_mode is not None:
     scale_mode = validation.check_scale(scale_mode)
     for fmt in formats.values():
       qarray_lib.check_layout(fmt, scale_mode)
   return transform.quantize_state(
-      tx, _chooser(formats), rounding=rounding, seed=seed,
-      min_size=min_size,
+      tx, _chooser(formats), rounding=rounding, seed=seed, min_size=min_size,
       block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
       scale_mode=scale_mode, track_stalls=track_stalls)
 
@@ -331,3 +330,45 @@ def _check_numbers(*, decays, nonnegative, rates) -> None:
   for name, value in rates.items():
     if value is not None:
       validation.check_number(value, name, schedule=True)
+
+
+def _gathered_for_newton_schulz(
+    tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """``tx`` (the partition) with Muon's matrices gathered whole on a mesh
+  with Explicit axes.
+
+  Newton-Schulz multiplies the momentum ``X`` by itself, ``X X^T`` and
+  ``(X X^T) X``: every product contracts an axis the parameter may be
+  sharded over, and a row-sharded ``X X^T`` would be sharded twice over one
+  mesh axis, so the types of a sharded ``X`` admit no product at all. The
+  orthogonalization needs the whole matrix anyway (as the unsharded run
+  computes it), so each Muon leaf (gradient, parameter and state) enters
+  the update replicated, and the results leave sharded as their inputs
+  came: the same arithmetic as the unsharded run. The auxiliary Adam's
+  leaves stay as they are; on other meshes (Auto axes, one device) this is
+  ``tx`` itself.
+  """
+  is_masked = lambda x: isinstance(x, optax.MaskedNode)
+
+  def update_fn(updates, state, params=None):
+    # Which leaves Muon trains: those its momentum is not masked at (the
+    # layout `_check_layout_known` checks).
+    muon_mu = state.inner_states['muon'].inner_state[0].mu
+
+    def gather(tree):
+      if tree is None:
+        return None
+      return jax.tree.map(
+          lambda m, x: x if is_masked(m) else explicit.replicated(x),
+          muon_mu, tree, is_leaf=is_masked)
+
+    inner_states = dict(state.inner_states)
+    inner_states['muon'] = jax.tree.map(explicit.replicated,
+                                        inner_states['muon'])
+    new_updates, new_state = tx.update(
+        gather(updates), state._replace(inner_states=inner_states),
+        gather(params))
+    return (jax.tree.map(explicit.like, new_updates, updates),
+            jax.tree.map(explicit.like, new_state, state))
+
+  return optax.GradientTransformation(tx.init, update_fn)

@@ -62,6 +62,11 @@ HIGHEST = jax.lax.Precision.HIGHEST
 # block of up to 2**16 rows then sums to at most float32's largest value.
 GRADIENT_BOUND = 2.0**55
 DEFAULT_MAX_DIM = 1024
+# An eigenvalue (estimate) at most this fraction of its block's largest is
+# zero to float32 rounding: an eigensolver's error on a block of side n is
+# about n * 6e-8 of the largest eigenvalue (6e-5 at n = 1024).
+NULL_RTOL = 1e-4
+POWER_SHIFT = 1e-4
 
 
 class Layout(NamedTuple):
@@ -144,6 +149,8 @@ def to_blocks(x: jax.Array, lay: Layout) -> jax.Array:
   if grid is not None:
     x = explicit.reshard(x, explicit.with_spec(
         x, grid if x.ndim == 2 else (None,) * x.ndim))
+    if grid == (None, None):  # Gathered whole: no sharding to carry.
+      grid = None
   x = x.reshape(lay.rows, lay.cols)
   x = jnp.pad(x, ((0, lay.grid_rows * lay.block_rows - lay.rows),
                   (0, lay.grid_cols * lay.block_cols - lay.cols)))
@@ -174,17 +181,18 @@ def from_blocks(b: jax.Array, lay: Layout, like: jax.Array) -> jax.Array:
 def aligned(blocks: jax.Array, *arrays: jax.Array) -> list[jax.Array]:
   """``arrays`` (per-block state, ``(grid_rows, grid_cols, ...)``) sharded
   over the grid as ``blocks`` is, on a mesh with Explicit axes."""
-  spec = explicit.spec_of(blocks)
-  if spec is None:
+  sharding = explicit.type_sharding(blocks)
+  if sharding is None:
     return list(arrays)
-  return [explicit.reshard(a, explicit.with_spec(
-      blocks, spec[:2] + (None,) * (a.ndim - 2))) for a in arrays]
+  grid = tuple(sharding.spec)[:2]
+  grid += (None,) * (2 - len(grid))
+  return [explicit.reshard(a, sharding.update(spec=jax.sharding.PartitionSpec(
+      *grid, *(None,) * (a.ndim - 2)))) for a in arrays]
 
 
 def restored(new: list[jax.Array], old: list[jax.Array]) -> list[jax.Array]:
   """``new`` per-block state sharded as the ``old`` it replaces."""
-  return [explicit.reshard(n, explicit.sharding_of(o))
-          for n, o in zip(new, old)]
+  return [explicit.like(n, o) for n, o in zip(new, old)]
 
 
 def eye_stack(shape) -> jax.Array:
@@ -279,11 +287,57 @@ class Eigen(NamedTuple):
   ok: jax.Array
 
 
-def eigh(s: jax.Array, q: jax.Array, pad: np.ndarray) -> Eigen:
+def null_directions(values: jax.Array, pad: np.ndarray) -> jax.Array:
+  """Which of a block's own coordinates have an eigenvalue (estimate) of
+  zero to float32 rounding: at most `NULL_RTOL` of the block's largest."""
+  top = jnp.max(jnp.where(pad, 0.0, values), axis=-1, keepdims=True)
+  return ~pad & (values <= NULL_RTOL * top)
+
+
+def _canonical_null(vectors: jax.Array, null: jax.Array, pad: np.ndarray
+                    ) -> jax.Array:
+  """``vectors`` with their null columns (a contiguous run after the
+  block's other columns, before its padding) replaced by one basis of the
+  same subspace that depends on the subspace alone: the eigenvectors of
+  the coordinate ramp ``D = diag(1..n) / n`` compressed to it,
+  ``N^T D N``. The other columns are kept as they are."""
+  n = vectors.shape[-1]
+  idx = jnp.arange(n)
+  ramp = (idx + 1).astype(jnp.float32) / n
+  compressed = mm(_t(vectors) * ramp, vectors)
+  # Keys that keep every other column in its place: below the compressed
+  # ramp's eigenvalues (in (0, 1]) for the leading columns, above for the
+  # padding.
+  key = jnp.where(pad, idx + 2.0 * n, idx - 2.0 * n)
+  both = null[..., :, None] & null[..., None, :]
+  mat = jnp.where(both, compressed, 0.0) + diag_embed(
+      jnp.where(null, 0.0, key))
+
+  def rotation(a):
+    has_null = jnp.any(jnp.abs(jnp.diagonal(a)) <= 1.0)
+    return jax.lax.cond(has_null, lambda a: jnp.linalg.eigh(a)[1],
+                        lambda a: jnp.eye(n, dtype=a.dtype), a)
+
+  turned = mm(vectors, one_block_at_a_time(rotation, mat))
+  return jnp.where(null[..., None, :], turned, vectors)
+
+
+def eigh(s: jax.Array, q: jax.Array, pad: np.ndarray, *,
+         canonical_null: bool = False) -> Eigen:
   """Eigenbasis of ``L = Q S Q^T`` per block, guarded.
 
   A block whose ``L`` (or whose result) is not finite keeps ``q`` (its
   eigenvalues are then meaningless and must be ignored by the caller).
+
+  The eigenvectors of a zero eigenvalue (a statistic of fewer gradient
+  rows than its side, as a short or ragged block's first ones) are any
+  basis of the null space, picked by rounding: two runs whose statistics
+  differ in their last bits (a sharded and an unsharded one) pick unrelated
+  bases. A rotation-invariant use (Shampoo's inverse root, equal on the
+  whole null space) does not care; Adam in the basis (SOAP) normalizes
+  each coordinate and does. ``canonical_null`` replaces them by one basis
+  that depends on the null space alone (see `_canonical_null`), and gives
+  them eigenvalue 0.
   """
   full = mm(mm(q, s), _t(q))
   full = _marked(0.5 * (full + _t(full)), pad)
@@ -293,6 +347,11 @@ def eigh(s: jax.Array, q: jax.Array, pad: np.ndarray) -> Eigen:
   values, vectors = values[..., ::-1], vectors[..., ::-1]
   ok = ok & _finite(vectors) & jnp.all(jnp.isfinite(values), axis=-1)
   values = jnp.where(pad, 0.0, jnp.maximum(values, 0.0))
+  if canonical_null:
+    null = null_directions(values, pad)
+    vectors = _canonical_null(vectors, null, pad)
+    values = jnp.where(null, 0.0, values)
+    ok = ok & _finite(vectors)
   return Eigen(jnp.where(ok[..., None, None], vectors, q),
                jnp.where(ok[..., None], values, 0.0), ok)
 
@@ -313,7 +372,10 @@ def power_qr(s: jax.Array, q: jax.Array, pad: np.ndarray) -> PowerStep:
 
   With ``S = Q^T L Q``, ``L Q P = Q P (P^T S P)`` for the permutation
   ``P``, so no full statistic is formed. Padded columns stay last, as unit
-  vectors. A block that is not finite keeps ``q`` in its order.
+  vectors. A column whose estimate is zero to rounding (`null_directions`)
+  is kept, orthogonalized against the others, rather than replaced by
+  ``L q``, which is rounding noise in a direction rounding picks (see
+  `eigh`). A block that is not finite keeps ``q`` in its order.
   """
   est = jnp.where(pad, -jnp.inf, jnp.diagonal(s, axis1=-2, axis2=-1))
   order = jnp.argsort(-est, axis=-1, stable=True)
@@ -324,6 +386,9 @@ def power_qr(s: jax.Array, q: jax.Array, pad: np.ndarray) -> PowerStep:
   power = mm(q_p, s_p)
   pad_cols = jnp.take_along_axis(jnp.broadcast_to(pad, order.shape), order,
                                  axis=-1)
+  top = jnp.max(jnp.where(pad_cols, 0.0, jnp.take_along_axis(
+      est, order, axis=-1)), axis=-1, keepdims=True)
+  power = power + (POWER_SHIFT * top)[..., None, :] * q_p
   power = jnp.where(pad_cols[..., None, :], -q_p, power)
   ok = _finite(power)
   vectors = one_block_at_a_time(

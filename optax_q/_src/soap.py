@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from optax_q._src import formats as formats_lib
+from optax_q._src import explicit
 from optax_q._src import preconditioner as pc
 from optax_q._src import second_order
 
@@ -101,8 +102,8 @@ class _Block(NamedTuple):
 def _first_basis(b: _Block, lay: pc.Layout) -> _Block:
   """The first refresh: eigenbases of the statistics (the moments are
   still zero)."""
-  left = pc.eigh(b.s_l, b.q_l, lay.padding('l'))
-  right = pc.eigh(b.s_r, b.q_r, lay.padding('r'))
+  left = pc.eigh(b.s_l, b.q_l, lay.padding('l'), canonical_null=True)
+  right = pc.eigh(b.s_r, b.q_r, lay.padding('r'), canonical_null=True)
   keep = lambda ok, new, old: jnp.where(ok[..., None, None], new, old)
   return b._replace(
       s_l=keep(left.ok, pc.diag_embed(left.values), b.s_l),
@@ -176,8 +177,11 @@ def _adam(cfg: pc.Settings, count, ages, g, mu, nu):
 
 
 def _vector(cfg: pc.Settings, count, ages, g, mu, nu):
-  """A parameter of rank < 2: Adam."""
-  return _adam(cfg, count, ages, g, mu, nu)
+  """A parameter of rank < 2: Adam (on a mesh with Explicit axes, its
+  moments computed sharded as the gradient and stored as they were)."""
+  direction, new_mu, new_nu = _adam(cfg, count, ages, g,
+                                    explicit.like(mu, g), explicit.like(nu, g))
+  return (direction, *pc.restored([new_mu, new_nu], [mu, nu]))
 
 
 def _update(cfg: pc.Settings, updates, state, params=None):
