@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from optax_q._src import explicit
 from optax_q._src import formats as formats_lib
 from optax_q._src import preconditioner
 from optax_q._src import qarray as qarray_lib
@@ -106,8 +107,10 @@ def _encoded_zeros(q: QArray) -> QArray:
 def _select(pred: jax.Array, x: Any) -> Any:
   """``x`` where not ``pred``; zeros (encoded zeros for QArrays) where it is."""
   if qarray_lib.is_qarray(x):
+    # Sharded as ``x`` (on Explicit axes a select needs equal shardings).
     zeros = _encoded_zeros(x)
-    return jax.tree.map(lambda z, v: jnp.where(pred, z, v), zeros, x)
+    return jax.tree.map(lambda z, v: jnp.where(pred, explicit.like(z, v), v),
+                        zeros, x)
   if not hasattr(x, 'dtype'):
     return x
   return jnp.where(pred, jnp.zeros_like(x), x)
