@@ -94,6 +94,18 @@ class QuantizeParamsTest(parameterized.TestCase):
       self.assertIn('head/kernel', got)
       self.assertEqual('block_0/ln_mlp/scale' in got, name == 'all')
 
+  def test_stochastic_rounding_is_unbiased_over_seeds(self):
+    # Its first draws take a step of 2**32 - 1, which failed to convert.
+    x = jnp.linspace(-1.0, 1.0, 8 * 64).reshape(8, 64)
+    def decoded(seed, rounding='stochastic'):
+      return optax_q.dequantize_params(optax_q.quantize_params(
+          {'kernel': x}, 'int4', rounding=rounding, seed=seed))['kernel']
+
+    runs = jnp.stack([decoded(s) for s in range(100)])
+    self.assertFalse(bool(jnp.all(runs[0] == decoded(0, 'nearest'))))
+    np.testing.assert_array_equal(runs[7], decoded(7))
+    self.assertLess(float(jnp.abs(jnp.mean(runs, axis=0) - x).max()), 0.04)
+
   @parameterized.parameters(
       ('fp8_e4m3', None, 'float8_e4m3fn', (64, 4, 1)),
       ('int4', None, 'uint8', (64, 4, 1)),

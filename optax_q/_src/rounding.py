@@ -49,7 +49,11 @@ def hash_u32(x: jax.Array) -> jax.Array:
 def stream_key(seed, step, stream) -> jax.Array:
   """A scalar uint32 key for one (seed, step, stream), well mixed."""
   k = hash_u32(jnp.asarray(seed, _U32) ^ _U32(0x9E3779B9))
-  k = hash_u32(k ^ jnp.asarray(step).astype(_U32))
+  # A Python int is taken modulo 2**32 (weights.py's initial step is
+  # 2**32 - 1, which int32 cannot hold); arrays wrap as their bits do.
+  step = (_U32(step & 0xFFFFFFFF) if isinstance(step, int)
+          else jnp.asarray(step).astype(_U32))
+  k = hash_u32(k ^ step)
   k = hash_u32(k + jnp.asarray(stream, _U32) * _U32(0x85EBCA6B))
   return k
 
