@@ -273,6 +273,14 @@ class EcoArgumentsTest(parameterized.TestCase):
       ('lamb', lambda: _inject(optax.lamb, 1e-3), 'LAMB'),
       ('scale_after', lambda: optax.chain(_sgd(), optax.scale(2.0)),
        'after the optimizer'),
+      # Quantized moments inside eco (they go around it).
+      ('optax_q_adamw', lambda: _inject(optax_q.adamw, 1e-3),
+       'quantize around eco'),
+      ('optax_q_adamw_small', lambda: optax.inject_hyperparams(
+          optax_q.adamw, static_args=('min_size',))(1e-3, min_size=0),
+       'quantize around eco'),
+      ('optax_q_sgd', lambda: _inject(optax_q.sgd, 0.1, momentum=0.9),
+       'quantize around eco'),
   )
   def test_bad_inner(self, make, pattern):
     with self.assertRaisesRegex(ValueError, pattern):

@@ -44,6 +44,7 @@ import optax
 from optax_q._src import formats as formats_lib
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import state_tree
+from optax_q._src import transform
 from optax_q._src import validation
 from optax_q._src import weights
 
@@ -125,6 +126,14 @@ def _probe(inner: optax.GradientTransformation) -> tuple[bool, dict]:
   moments = _find_all(state, _is_moment)
   supported = ('eco supports SGD with momentum (optax.sgd with momentum) '
                'and Adam/AdamW (optax.adam, optax.adamw)')
+  if _find_all(state, lambda x: isinstance(x, transform.QuantizedState)
+               or qarray_lib.is_qarray(x)):
+    raise ValueError(
+        'inner keeps quantized state (an optax_q optimizer or '
+        'quantize_state), but eco reads and writes its float32 first '
+        'moment. For low-bit moments, quantize around eco: '
+        'optax_q.quantize_state(optax_q.eco(optax.inject_hyperparams('
+        "optax.adamw)(1e-3)), {'mu': 'int8', 'nu': 'ue4m0'}).")
   if len(found) != 1:
     raise ValueError(
         f'inner must expose its hyperparameters exactly once ({len(found)} '
