@@ -501,11 +501,6 @@ class MuonArgumentsTest(parameterized.TestCase):
     np.testing.assert_allclose(traced['w'], want['w'], rtol=1e-3, atol=1e-6)
 
 
-if __name__ == '__main__':
-  n, clear = count()
-  print(f'{n} cases, {clear} raise a clear early error')
-
-
 # ----------------------------------------------------------------------------
 # Public functions added after the table above was written: the same rule
 # (a clear ValueError or TypeError in the call, naming the argument).
@@ -854,3 +849,28 @@ class LaterEarlyChecksTest(absltest.TestCase):
     self.assertIn('nf3/block', optax_q.bit_layout(opt.opt_state).values())
     step(model, opt, x)  # Failed: immutable node of type QArray.
     self.assertTrue(bool(jnp.all(jnp.isfinite(model.kernel[...]))))
+
+
+class ArrayHyperparametersTest(parameterized.TestCase):
+  """A non-scalar array hyperparameter broadcast against the parameters
+  and failed at the update without naming the argument."""
+
+  @parameterized.named_parameters(
+      ('adamw_lr', lambda a: optax_q.adamw(a), 'learning_rate'),
+      ('adamw_b1', lambda a: optax_q.adamw(1e-3, b1=a), 'b1'),
+      ('lion_weight_decay', lambda a: optax_q.lion(1e-3, weight_decay=a),
+       'weight_decay'),
+      ('sgd_momentum', lambda a: optax_q.sgd(1e-3, momentum=a), 'momentum'),
+      ('muon_lr', lambda a: optax_q.muon(a), 'learning_rate'),
+      ('shampoo_lr', lambda a: optax_q.shampoo(a), 'learning_rate'),
+      ('soap_b2', lambda a: optax_q.soap(1e-3, b2=a), 'b2'),
+  )
+  def test_non_scalar_array_refused(self, make, name):
+    with self.assertRaisesRegex(ValueError, f'{name} must be a scalar'):
+      make(jnp.full((2,), 0.5))
+    make(jnp.asarray(0.5))  # A scalar array is a hyperparameter.
+
+
+if __name__ == '__main__':
+  n, clear = count()
+  print(f'{n} cases, {clear} raise a clear early error')

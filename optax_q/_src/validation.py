@@ -213,6 +213,10 @@ def check_number(value: Any, name: str, *, low: float = 0.0,
   if schedule and callable(value) and not isinstance(value, jax.Array):
     return value
   if isinstance(value, jax.Array):
+    if value.ndim:  # Known even when traced; it would broadcast silently.
+      raise ValueError(
+          f'{name} must be a scalar {allowed}, got an array of shape '
+          f'{value.shape}.')
     if not concrete:
       return value
     if isinstance(value, jax.core.Tracer):
