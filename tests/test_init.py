@@ -277,23 +277,30 @@ class MeshInitTest(parameterized.TestCase):
     assert_same_state(self, tx.init(params), encoded_init(tx, params),
                       shardings=True)
     want = encoded_init(tx, params)
-    out = jax.tree.map(lambda x: x.sharding, want)
+    out = jax.tree.map(
+        lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
+        else NamedSharding(mesh, P()), want)
     got = jax.jit(tx.init, out_shardings=out)(params)
+    want = jax.jit(lambda p: encoded_init(tx, p), out_shardings=out)(params)
+    assert_same_state(self, got, want, shardings=True)
+    got = jax.jit(tx.init)(params)
+    want = jax.jit(lambda p: encoded_init(tx, p))(params)
     assert_same_state(self, got, want, shardings=True)
 
   @parameterized.parameters(*MESH_TXS)
   def test_explicit_mesh_init(self, name):
     mesh = _mesh(AxisType.Explicit)
     tx = MESH_TXS[name]()
-    with jax.sharding.use_mesh(mesh):
+    with jax.set_mesh(mesh):
       params = self._params(mesh)
       got = jax.jit(tx.init)(params)
       want = jax.jit(lambda p: encoded_init(tx, p))(params)
       assert_same_state(self, got, want, shardings=True)
       abstract = jax.eval_shape(tx.init, params)
       self.assertEqual(
-          [x.sharding.spec for x in jax.tree.leaves(abstract)],
-          [jax.typeof(x).sharding.spec for x in jax.tree.leaves(want)])
+          jax.tree.leaves(abstract),
+          jax.tree.leaves(jax.eval_shape(
+              lambda p: encoded_init(tx, p), params)))
 
 
 def _params_of(layouts):

@@ -1022,7 +1022,12 @@ def zeros(shape: tuple[int, ...], fmt: Format, *, scale_mode: str,
     row = packing.packed_row(int(code), shape[-1] if shape else 1, fmt.bits)
     fill = row[0] if np.all(row == row[0]) else row.reshape(
         codes_shape[-1:])
-  codes = jnp.full(codes_shape, fill, code.dtype, device=codes_sharding)
+  if np.ndim(fill):  # A packed row with a partial last byte or group.
+    codes = jnp.full(codes_shape, fill, code.dtype)
+    codes = codes if codes_sharding is None else jax.device_put(
+        codes, codes_sharding)
+  else:
+    codes = jnp.full(codes_shape, fill, code.dtype, device=codes_sharding)
   scale = None
   if scale_shape_ is not None:
     value = zero_scale(fmt, scale_mode)

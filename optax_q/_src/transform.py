@@ -346,7 +346,7 @@ def plan_leaf(config: StorageConfig, path, leaf, root,
   if fmt is None or fmt.is_identity:
     return leaf if box is None else box
   scale_mode = config.scale_mode_for(path, leaf, fmt, root)
-  if zero:
+  if zero and not _sharded_outside_jit(leaf):
     q = _zeros_like_leaf(leaf, fmt, scale_mode, config.block_size)
   else:
     q = qarray_lib.encode_compiled(leaf, fmt, scale_mode=scale_mode,
@@ -364,18 +364,23 @@ def plan_leaf(config: StorageConfig, path, leaf, root,
       scale=None if q.scale is None else state_tree.rebox(box, q.scale))
 
 
+def _sharded_outside_jit(leaf) -> bool:
+  """Whether ``leaf`` is a concrete array across several devices: its
+  encoding outside ``jit`` is sharded as the compiler propagates the
+  leaf's sharding through the encoder (where blocks or packed bytes don't
+  divide, not as `state_shardings` lays it out), so it is encoded."""
+  if isinstance(leaf, jax.core.Tracer):
+    return False
+  sharding = getattr(leaf, 'sharding', None)
+  return sharding is not None and len(sharding.device_set) > 1
+
+
 def _zeros_like_leaf(leaf, fmt: Format, scale_mode: str,
                      block_size: int) -> qarray_lib.QArray:
-  """`qarray.zeros` in ``leaf``'s layout, its buffers sharded as
-  `state_shardings` lays out ``leaf``'s sharding: a concrete leaf's
-  across devices, or a traced leaf's on a mesh with Explicit axes (the
-  shardings the leaf's encoding gets there)."""
+  """`qarray.zeros` in ``leaf``'s layout; on a mesh with Explicit axes,
+  its buffers sharded as `state_shardings` lays out the sharding in
+  ``leaf``'s type (the shardings its encoding gets there)."""
   sharding = explicit.type_sharding(leaf)
-  if sharding is None and not isinstance(leaf, jax.core.Tracer):
-    sharding = getattr(leaf, 'sharding', None)
-    if not (isinstance(sharding, jax.sharding.NamedSharding)
-            and len(sharding.device_set) > 1):
-      sharding = None
   shardings = (None, None)
   if sharding is not None:
     codes, scale = qarray_lib.buffer_shapes(leaf.shape, fmt, scale_mode,
