@@ -157,7 +157,8 @@ DROP_INS = {
     'adam_pow2_dre': lambda: optax_q.adam(
         1e-3, mu_format='fp8_e4m3_dre', nu_format='int8',
         scale_mode={'mu': 'block', 'nu': 'block_pow2'}, min_size=0),
-    'adamw_bits_4': lambda: optax_q.adamw(1e-3, bits='4', min_size=0),
+    'adamw_int4': lambda: optax_q.adamw(
+        1e-3, mu_format='int4', nu_format='int4', min_size=0),
     'lion': lambda: optax_q.lion(1e-3, min_size=0),
     'sgd': lambda: optax_q.sgd(1e-3, momentum=0.9, mu_format='int3_mulaw',
                                min_size=0),
@@ -165,7 +166,8 @@ DROP_INS = {
     'shampoo': lambda: optax_q.shampoo(1e-3, min_size=0),
     'soap': lambda: optax_q.soap(1e-3, min_size=0, reset_every=10),
     'adam_with_resets': lambda: optax_q.adam_with_resets(
-        'adaptive', min_size=0),
+        'adaptive', formats={'mu': 'int8_dynamic', 'nu': 'ue4m3'},
+        min_size=0),
     'adaptive_bits': lambda: optax_q.adamw(1e-3, bits='adaptive',
                                            min_size=0),
     'quantize_state_bf16_e3m2': lambda: optax_q.quantize_state(
@@ -205,7 +207,8 @@ class InitTest(parameterized.TestCase):
   def test_init_encodes_nothing(self):
     # Moments are zeros: their codes and scales are constants. A leaf
     # that is not zero (an identity basis) is still encoded.
-    with mock.patch.object(qarray_lib, 'encode_compiled') as encode:
+    with mock.patch.object(qarray_lib, 'encode_compiled',
+                           wraps=qarray_lib.encode_compiled) as encode:
       optax_q.adamw(1e-3, min_size=0).init(_params())
     encode.assert_not_called()
     zero = transform.zero_leaves(
