@@ -34,6 +34,7 @@ from __future__ import annotations
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
 from optax_q._src import explicit
 
@@ -60,6 +61,20 @@ def unpack(packed: jax.Array, n: int, bits: int) -> jax.Array:
   if bits == 3:
     return unpack_triplets(packed, n)
   return unpack_nibbles(packed, n)
+
+
+def packed_row(code: int, n: int, bits: int) -> np.ndarray:
+  """The packed bytes (uint8, `packed_length` long) of ``n`` copies of one
+  ``code``, laid out as `pack` lays them (zero codes pad the last byte or
+  group), computed on the host: a constant row, such as the codes of an
+  all-zero array, broadcast without packing anything."""
+  per = 8 if bits == 3 else 2
+  padded = np.zeros(per * (-(-n // per)), np.uint32)
+  padded[:n] = code
+  groups = padded.reshape(-1, per) << (bits * np.arange(per, dtype=np.uint32))
+  words = np.bitwise_or.reduce(groups, axis=-1)
+  width = 3 if bits == 3 else 1
+  return words.astype('<u4').view(np.uint8).reshape(-1, 4)[:, :width].reshape(-1)
 
 
 def pack_triplets(codes: jax.Array) -> jax.Array:

@@ -952,6 +952,90 @@ def encode_compiled(x: jax.Array, fmt: Format, *, scale_mode: str,
                 key=key, dtype=dtype)
 
 
+@functools.cache
+def zero_code(fmt: Format) -> np.ndarray:
+  """The unpacked code `encode` gives 0.0 (a scalar of the codes' dtype),
+  in any scale mode: a zero stays zero after scaling (an all-zero block's
+  scale is zero, and its reciprocal taken as one).
+
+  +0.0's bits for float grids, the offset zero of packed integers, and for
+  codebooks the index nearest rounding gives zero in the format's rounding
+  space (the smallest entry of a grid without zero, such as ``ue4m3``).
+  """
+  if fmt.kind == 'float':
+    return np.zeros((), fmt.dtype)
+  if fmt.kind == 'int':
+    return np.asarray(fmt.max_value + 1 if fmt.packed else 0, fmt.dtype)
+  ties = 'even' if fmt.ties_to_even else 'down'
+  return np.asarray(
+      rounding_lib.table_index(0.0, fmt.table, fmt.space, ties), np.uint8)
+
+
+@functools.cache
+def zero_scale(fmt: Format, scale_mode: str) -> np.ndarray | None:
+  """The stored scale `encode` gives an all-zero block (a scalar), or None
+  for an unscaled layout.
+
+  Zero for float32 scales (rank-1 maxima included); the E8M0 code 0 for
+  ``'block_pow2'``; for range expansion, the maximum zero with the largest
+  exponent step in its low bits (`range_exponent` gives a group without
+  two distinct magnitudes ``K_MAX``).
+  """
+  if scale_mode == 'none':
+    return None
+  if scale_mode == 'block_pow2':
+    return np.asarray(0, np.uint8)
+  if fmt.expand:
+    return np.asarray(_K_STEPS, np.uint32).view(np.float32)
+  return np.zeros((), np.float32)
+
+
+def buffer_shapes(shape: tuple[int, ...], fmt: Format, scale_mode: str,
+                  block_size: int
+                  ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+  """Shapes of the codes and the scales (None: unscaled) `encode` gives an
+  array of logical ``shape``."""
+  codes = tuple(shape) or (1,)
+  if fmt.packed:
+    codes = packing.packed_shape(codes, fmt.bits)
+  if not shape and math.prod(codes) == 1:
+    codes = ()
+  if scale_mode == 'none':
+    return codes, None
+  return codes, scale_shape(shape, scale_mode, block_size)
+
+
+def zeros(shape: tuple[int, ...], fmt: Format, *, scale_mode: str,
+          block_size: int, dtype: Any = jnp.float32,
+          codes_sharding: Any = None, scale_sharding: Any = None) -> QArray:
+  """`encode` of an all-zero array of ``shape``, bit for bit, with nothing
+  encoded: the codes and scales of zero (`zero_code`, `zero_scale`)
+  broadcast, packed codes as `packing.packed_row` lays them out. The
+  shardings, where given, are those of the codes and the scales (see
+  ``jnp.full``'s ``device``)."""
+  shape = tuple(shape)
+  codes_shape, scale_shape_ = buffer_shapes(shape, fmt, scale_mode,
+                                            block_size)
+  code = zero_code(fmt)
+  fill = code
+  if fmt.packed:
+    row = packing.packed_row(int(code), shape[-1] if shape else 1, fmt.bits)
+    fill = row[0] if np.all(row == row[0]) else row.reshape(
+        codes_shape[-1:])
+  if np.ndim(fill):  # A packed row with a partial last byte or group.
+    codes = jnp.full(codes_shape, fill, code.dtype)
+    codes = codes if codes_sharding is None else jax.device_put(
+        codes, codes_sharding)
+  else:
+    codes = jnp.full(codes_shape, fill, code.dtype, device=codes_sharding)
+  scale = None
+  if scale_shape_ is not None:
+    value = zero_scale(fmt, scale_mode)
+    scale = jnp.full(scale_shape_, value, value.dtype, device=scale_sharding)
+  return QArray(codes, scale, fmt, shape, jnp.dtype(dtype).name, scale_mode,
+                block_size if scale_mode in BLOCK_MODES else 0)
+
+
 def round_trip(x: jax.Array, fmt: Format, *, scale_mode: str,
                block_size: int, key: jax.Array | None) -> jax.Array:
   """``x`` rounded to ``fmt`` (with its scales) and decoded, in ``x``'s

@@ -96,9 +96,12 @@ def _encoded_zeros(q: QArray) -> QArray:
   """A `QArray` of exact zeros with the layout of ``q``.
 
   Scaled formats get scale 0 (an all-zero block), which decodes to exact
-  zeros even on grids without zero (``fp4_e2m2u``).
+  zeros even on grids without zero (``fp4_e2m2u``). The codes and scales
+  of zero are constants (`qarray.zeros`), not an encoding of constant zeros
+  in the step.
   """
-  z = qarray_lib.encode_like(q, jnp.zeros(q.shape, jnp.float32), key=None)
+  z = qarray_lib.zeros(q.shape, q.fmt, scale_mode=q.scale_mode,
+                       block_size=q.block_size or 2, dtype=q.dtype)
   return dataclasses.replace(
       z, codes=z.codes.astype(q.codes.dtype),
       scale=None if z.scale is None else z.scale.astype(q.scale.dtype))

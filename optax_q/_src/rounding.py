@@ -443,6 +443,20 @@ def bucketed(table: tuple[float, ...] | None, mode: str = 'nearest',
   return len(_table_steps(table, mode, space)[1]) > _CHAIN_MAX_STEPS
 
 
+def table_index(x: float, table: tuple[float, ...], space: str = 'linear',
+                ties: str = 'down') -> int:
+  """The index `round_to_table` gives ``x`` by nearest rounding, found on
+  the host from the same exact steps (for constants such as the code of
+  zero, which needs no compiled search)."""
+  t = np.asarray(table, np.float32)
+  x = np.clip(np.float32(x), t[0], t[-1])
+  mode = 'nearest_even' if ties == 'even' else 'nearest'
+  start, thr, vals = _table_steps(table, mode, space)
+  below = int(np.searchsorted(_ordered(thr), _ordered(np.array([x]))[0],
+                              side='right'))
+  return int(np.concatenate([[start], vals])[below])
+
+
 def _static_index(x: jax.Array, table: tuple[float, ...], mode: str,
                   space: str = 'linear'):
   """The reference index function of ``mode`` at clipped ``x`` (int32)."""

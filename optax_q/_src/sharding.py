@@ -103,6 +103,15 @@ def _leaf_sharding(leaf, sharding, *, problems, what):
   return leaf  # MaskedNode and other empty nodes.
 
 
+def qarray_shardings(q: Any, sharding: NamedSharding
+                     ) -> tuple[NamedSharding, NamedSharding | None]:
+  """The shardings of ``q``'s codes and scales (None: unscaled) for a
+  parameter sharded as ``sharding``, as `state_shardings` lays them out
+  (``q``'s buffers may be ``ShapeDtypeStruct``s)."""
+  out = _leaf_sharding(q, sharding, problems=None, what='')
+  return out.codes, out.scale
+
+
 def _is_buffer(x) -> bool:
   """Whether ``x`` is a per-parameter buffer: a QArray or a float array of
   rank >= 1 (step counters, keys and telemetry scalars are not)."""

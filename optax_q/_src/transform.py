@@ -29,14 +29,18 @@ import functools
 from typing import Any, NamedTuple, Union
 
 import jax
+import jax.extend as jex
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from optax_q._src import explicit
 from optax_q._src import formats as formats_lib
 from optax_q._src import kernels
 from optax_q._src import leafwise
 from optax_q._src import qarray as qarray_lib
 from optax_q._src import rounding as rounding_lib
+from optax_q._src import sharding as sharding_lib
 from optax_q._src import state_tree
 from optax_q._src import validation
 from optax_q._src import weights
@@ -318,15 +322,18 @@ class StorageConfig:
     return fmt
 
 
-def plan_leaf(config: StorageConfig, path, leaf, root) -> Any:
+def plan_leaf(config: StorageConfig, path, leaf, root,
+              zero: bool = False) -> Any:
   """One leaf of the inner state as it is stored: a `QArray` or as is.
 
   Float leaves of at least ``min_size`` elements whose format is not
   ``fp32`` are encoded, unless the codes and scales would take as many
-  bytes as the leaf. A box (``nnx.Variable``) around a leaf goes around its
-  codes and around its scales, never around the QArray: they have the
-  param's rank, and Flax NNX's ``nnx.update`` would turn a QArray held in a
-  Variable into a plain State.
+  bytes as the leaf. A leaf known to be zeros (``zero``) takes the codes
+  and scales of zero (`qarray.zeros`), sharded as its encoding would be,
+  with nothing compiled. A box (``nnx.Variable``) around a leaf goes
+  around its codes and around its scales, never around the QArray: they
+  have the param's rank, and Flax NNX's ``nnx.update`` would turn a QArray
+  held in a Variable into a plain State.
   """
   box = None
   if state_tree.is_box(leaf):  # e.g. an nnx.Variable: quantize what it holds
@@ -339,8 +346,11 @@ def plan_leaf(config: StorageConfig, path, leaf, root) -> Any:
   if fmt is None or fmt.is_identity:
     return leaf if box is None else box
   scale_mode = config.scale_mode_for(path, leaf, fmt, root)
-  q = qarray_lib.encode_compiled(leaf, fmt, scale_mode=scale_mode,
-                                 block_size=config.block_size, key=None)
+  if zero and not _sharded_outside_jit(leaf):
+    q = _zeros_like_leaf(leaf, fmt, scale_mode, config.block_size)
+  else:
+    q = qarray_lib.encode_compiled(leaf, fmt, scale_mode=scale_mode,
+                                   block_size=config.block_size, key=None)
   if not fmt.simulated and q.nbytes >= qarray_lib.nbytes_of(leaf):
     # Blocks along a very short last axis (a (n, 1) kernel has one scale
     # per element): the "quantized" leaf would be bigger. Keep it. A
@@ -354,11 +364,84 @@ def plan_leaf(config: StorageConfig, path, leaf, root) -> Any:
       scale=None if q.scale is None else state_tree.rebox(box, q.scale))
 
 
+def _sharded_outside_jit(leaf) -> bool:
+  """Whether ``leaf`` is a concrete array across several devices: its
+  encoding outside ``jit`` is sharded as the compiler propagates the
+  leaf's sharding through the encoder (where blocks or packed bytes don't
+  divide, not as `state_shardings` lays it out), so it is encoded."""
+  if isinstance(leaf, jax.core.Tracer):
+    return False
+  sharding = getattr(leaf, 'sharding', None)
+  return sharding is not None and len(sharding.device_set) > 1
+
+
+def _zeros_like_leaf(leaf, fmt: Format, scale_mode: str,
+                     block_size: int) -> qarray_lib.QArray:
+  """`qarray.zeros` in ``leaf``'s layout; on a mesh with Explicit axes,
+  its buffers sharded as `state_shardings` lays out the sharding in
+  ``leaf``'s type (the shardings its encoding gets there)."""
+  sharding = explicit.type_sharding(leaf)
+  shardings = (None, None)
+  if sharding is not None:
+    codes, scale = qarray_lib.buffer_shapes(leaf.shape, fmt, scale_mode,
+                                            block_size)
+    struct = lambda s: None if s is None else jax.ShapeDtypeStruct(  # noqa: E731
+        s, jnp.uint8)
+    shardings = sharding_lib.qarray_shardings(qarray_lib.QArray(
+        struct(codes), struct(scale), fmt, tuple(leaf.shape),
+        jnp.dtype(leaf.dtype).name, scale_mode, block_size), sharding)
+  return qarray_lib.zeros(
+      leaf.shape, fmt, scale_mode=scale_mode, block_size=block_size,
+      dtype=leaf.dtype, codes_sharding=shardings[0],
+      scale_sharding=shardings[1])
+
+
+def _is_zero(v, zeros: set[Any]) -> bool:
+  if isinstance(v, jex.core.Literal):
+    # All bytes zero: +0.0 (never -0.0, whose codes differ) or integer 0.
+    return not np.asarray(v.val).reshape(-1).view(np.uint8).any()
+  return v in zeros
+
+
+# Primitives that keep a zero operand zero (``jnp.zeros`` and
+# ``jnp.zeros_like`` trace to a broadcast of a literal zero).
+_ZERO_KEEPING = ('broadcast_in_dim', 'convert_element_type', 'reshape',
+                 'copy')
+
+
+def zero_leaves(init: Callable[[Any], Any], params) -> Any:
+  """A tree like ``init(params)``: True at each leaf that ``init`` sets to
+  constant zeros, False elsewhere (or None where ``params`` has leaves
+  that are not arrays).
+
+  Read from ``init``'s trace (nothing runs): a leaf is zero when it is a
+  broadcast, cast or reshape of a literal zero, as ``jnp.zeros`` and
+  ``optax.tree.zeros_like`` give. Leaves computed otherwise (an identity
+  matrix, a copy of the parameters) are not.
+  """
+  if not all(hasattr(x, 'dtype') for x in jax.tree.leaves(params)):
+    return None
+  closed, shapes = jax.make_jaxpr(init, return_shape=True)(params)
+  zeros = set()
+  for eqn in closed.jaxpr.eqns:
+    if (eqn.primitive.name in _ZERO_KEEPING
+        and _is_zero(eqn.invars[0], zeros)):
+      zeros.update(eqn.outvars)
+  return jax.tree.unflatten(jax.tree.structure(shapes), [
+      _is_zero(v, zeros) for v in closed.jaxpr.outvars])
+
+
 def _init(config: StorageConfig, inner, params) -> QuantizedState:
+  # Zeros take their codes and scales without an encoder compiled or run.
+  zero = zero_leaves(inner.init, params)
   state = inner.init(params)
+  if zero is None:
+    zero = jax.tree.map(lambda _: False, state)
   qstate = jax.tree_util.tree_map_with_path(
-      lambda path, leaf: plan_leaf(config, path, leaf, state), state,
-      is_leaf=state_tree.is_box)
+      lambda path, leaf, z: plan_leaf(
+          config, path, leaf, state,
+          bool(jax.tree.leaves(z)) and all(jax.tree.leaves(z))),
+      state, zero, is_leaf=state_tree.is_box)
   stalled = None
   if config.track_stalls:
     # The stalled fractions are telemetry, not a copy of the parameters:
