@@ -123,7 +123,7 @@ class Row:
 def jax_row(name, tx, params_np, grads, param_elements) -> Row:
   """A donated, jitted ``update`` + ``apply_updates`` step for ``tx``."""
   params = jax.tree.map(jnp.asarray, params_np)
-  state = tx.init(params)  # Eager: jit would constant-fold the zeros.
+  state = tx.init(params)  # Eager, as a training loop initialises.
 
   def step_fn(params, state, grads):
     updates, state = tx.update(grads, state, params)
