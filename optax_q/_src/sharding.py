@@ -201,7 +201,9 @@ def state_shardings(
       float array of rank >= 1, not a constant of the transform) outside
       every subtree laid out like the parameters (buffers of parameters
       missing from ``param_shardings``). Every optimizer and wrapper of the
-      library passes on a layout whose sharded axes divide.
+      library passes on a layout whose sharded axes divide. Axes of length
+      1 are not counted: a Shampoo/SOAP grid of one block is replicated
+      without an error (a smaller ``max_preconditioner_dim`` shards it).
 
   Returns:
     A tree like ``state`` (QArrays included) with ``NamedSharding`` leaves,
