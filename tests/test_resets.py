@@ -709,5 +709,28 @@ class ArgumentErrorsTest(parameterized.TestCase):
         {'mu': 320, 'nu': 320})
 
 
+class WarningLocationTest(parameterized.TestCase):
+  """Warnings point at the caller's line, not at a library frame (a fixed
+  stacklevel pointed inside optax_q/_src/alias.py)."""
+
+  @parameterized.named_parameters(
+      ('float32_resets', lambda: optax_q.adamw(
+          1e-3, mu_format='fp32', nu_format='fp32', reset_every=100)),
+      ('nu_without_mu', lambda: optax_q.adamw(
+          1e-3, eps=1e-8, reset_every={'nu': 4})),
+      ('period_one', lambda: optax_q.adam_with_resets(reset_every=1)),
+      ('deprecated_name', lambda: optax_q.quantize(
+          jnp.ones(8), 'int8', scale='tensor')),
+  )
+  def test_points_at_the_caller(self, make):
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter('always')
+      make()
+    self.assertNotEmpty(caught)
+    for w in caught:
+      self.assertEqual(w.filename, __file__, str(w.message))
+    self.assertNotIn('ablation', ' '.join(str(w.message) for w in caught))
+
+
 if __name__ == '__main__':
   absltest.main()

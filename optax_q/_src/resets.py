@@ -45,7 +45,6 @@ import math
 import numbers
 import reprlib
 from typing import Any, NamedTuple
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -355,12 +354,12 @@ def _check_plan(plan: _Plan, inner, counters_given: bool) -> None:
     return
   ageless = sorted(f for f in plan.periods if f'count_{f}' not in ints)
   if ageless and 'count' in ints:
-    warnings.warn(
+    validation.warn(
         f'Resetting {ageless} without an age counter: the inner state has '
         "no 'count_<field>' but a shared 'count'. If it bias-corrects by "
         'that count (as optax.scale_by_adam does), a reset moment is '
         "under-corrected; pass counters={field: 'count'} and reset the "
-        'moments together, or use scale_by_adam_local_age.', stacklevel=3)
+        'moments together, or use scale_by_adam_local_age.')
 
 
 # -----------------------------------------------------------------------------
@@ -888,9 +887,9 @@ def resolve_reset_every(
       out[f] = p
   for f, p in out.items():
     if isinstance(p, int) and p < 2:
-      warnings.warn(
+      validation.warn(
           f'reset period {p} for {f!r}: every update restarts the moment, '
-          'which turns Adam into sign descent.', stacklevel=3)
+          'which turns Adam into sign descent.')
   if 'nu' in out and out.get('mu') != out['nu']:
     _warn_asymmetric(reset_every, b1, b2, eps)
   if out:
@@ -921,7 +920,7 @@ def _warn_asymmetric(reset_every, b1, b2, eps) -> None:
     bound = '(1 - b1) / (sqrt(1 - b2) (1 - b1 / sqrt(b2)))'
   small_eps = (isinstance(eps, numbers.Real) and not isinstance(eps, bool)
                and eps < 1e-6)
-  warnings.warn(
+  validation.warn(
       f'Resetting nu without mu (reset_every={reset_every!r}): the first '
       'update after each such reset divides the carried-over momentum by '
       'the square root of a one-step second moment, |g| + eps, which is '
@@ -929,29 +928,26 @@ def _warn_asymmetric(reset_every, b1, b2, eps) -> None:
       f"Adam's bound C = {bound} per coordinate (before the learning rate; "
       'Adam without resets never exceeds it), so such steps can still be '
       'up to C times the size of an Adam step on a fresh moment. '
-      + ('At eps < 1e-6 this is frequent (our GPT ablation diverged at '
-         "eps=1e-8 without the bound and trained at the paper's 1e-6). "
-         if small_eps else '')
-      + 'Give both moments the same policy to reset them together.',
-      stacklevel=4)
+      + ('At eps < 1e-6 such steps are frequent. ' if small_eps else '')
+      + 'Give both moments the same policy to reset them together.')
 
 
 def _warn_stall_rate(fmt, given: str, b2, rounding: str) -> None:
   """Warns where the stall model predicts that resets are not needed."""
   if fmt is None or fmt.is_identity:
-    warnings.warn(
+    validation.warn(
         'Resets enabled on float32 moments: they do not stall, and the paper '
-        'finds resets slightly hurt there.', stacklevel=4)
+        'finds resets slightly hurt there.')
     return
   try:
     p_ss = theory.stall_probability(fmt, b2, rounding)
   except (ValueError, TypeError, jax.errors.ConcretizationTypeError):
     p_ss = None
   if p_ss is not None and p_ss < 0.5:
-    warnings.warn(
+    validation.warn(
         f'Resets enabled, but the predicted steady-state stall rate of '
         f'nu_format={given!r} at b2={b2} is only {p_ss:.2f}; resets '
-        'are not indicated there.', stacklevel=4)
+        'are not indicated there.')
 
 
 def _default_decay(b2: Any, adaptive: bool) -> Any:

@@ -630,8 +630,8 @@ def quantize_state(
       the leaves whose kernel lowers there, on a single device with no
       mesh, and with ``track_stalls=False``
       (the drop-ins' default, not this function's), else XLA. Interpreted,
-      the kernel's codes are the loop's bit for bit (tested); compiled on
-      an accelerator that is not yet checked (see the performance page).
+      the kernel's codes are the loop's bit for bit (tested; the
+      performance page says where it has been compiled).
 
   Returns:
     A gradient transformation whose state is a

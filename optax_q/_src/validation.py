@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 import math
 import numbers
 import reprlib
+import sys
 from typing import Any
 import warnings
 
@@ -359,9 +360,23 @@ def renamed(old_name: str, old_value: Any, new_name: str, new_value: Any,
     raise ValueError(
         f'{old_name} is the deprecated name of {new_name}; pass only '
         f'{new_name}.')
-  warnings.warn(f'{old_name}= is deprecated; use {new_name}= instead.',
-                DeprecationWarning, stacklevel=3)
+  warn(f'{old_name}= is deprecated; use {new_name}= instead.',
+       DeprecationWarning)
   return old_name, old_value
 
 
 UNSET = _UNSET
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+  """``warnings.warn`` at the first caller outside optax_q: the user's line.
+
+  A fixed ``stacklevel`` points at whichever library frame happens to be
+  that many calls up (a drop-in, a wrapper, ``optax.inject_hyperparams``
+  calling the factory), so the frames of this package are skipped instead.
+  """
+  frame, level = sys._getframe(1), 2  # pylint: disable=protected-access
+  while frame is not None and frame.f_globals.get(
+      '__name__', '').partition('.')[0] == 'optax_q':
+    frame, level = frame.f_back, level + 1
+  warnings.warn(message, category, stacklevel=level)
