@@ -43,7 +43,6 @@ References:
 from __future__ import annotations
 
 import math
-import re
 import reprlib
 import statistics
 from typing import Any
@@ -69,15 +68,12 @@ _MANTISSA_BITS = {
     'fp4_e2m1': 2,  # Stored as fp4_e2m2u.
     'fp4_e2m2u': 2,
 }
-_ALIASES = formats_lib.FORMAT_ALIASES
 # Formats with no mantissa to speak of in this model: integer and table
 # grids, and fp32, which is the working precision (nothing is rounded).
 _UNSUPPORTED = (
     'fp32', 'float32', 'int8', 'int4', 'int8_dynamic',
     'int8_dynamic_unsigned',
 )
-_SIMULATED = re.compile(r'^e(\d+)m(\d+)(?:fn|_ieee)?$')
-_UNSIGNED_FLOAT = re.compile(r'^ue(\d+)m(\d+)$')
 SUPPORTED_FORMATS = (
     'bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1', 'fp4_e2m2u', 'fp4',
     'e{E}m{M}', 'ue{E}m{M}',
@@ -167,29 +163,17 @@ def _check_steps(value: Any, name: str, minimum: int,
 def _mantissa_bits(fmt: Any) -> int:
   """Stored mantissa bits of ``fmt`` (a name or a format object)."""
   if isinstance(fmt, str):
-    key = fmt.strip().lower()
-    if key.endswith('_dre'):
-      # Dynamic range expansion: the base grid's steps (its exponent k
-      # varies by group and is not known here; k >= 1 only makes the steps
-      # finer, so the base grid's period is the shorter, cautious one).
-      return _mantissa_bits(key[:-len('_dre')])
-    key = _ALIASES.get(key, key)
-    if key in _MANTISSA_BITS:
-      return _MANTISSA_BITS[key]
-    m = _SIMULATED.match(key)
-    if m:
-      ebits, mbits = int(m.group(1)), int(m.group(2))
-      if 1 <= ebits <= 8 and 0 <= mbits <= 23:
-        return mbits
-    m = _UNSIGNED_FLOAT.match(key)
-    if m and int(m.group(1)) >= 1 and 3 <= int(m.group(1)) + int(
-        m.group(2)) <= 8:
-      return int(m.group(2))  # A power-of-two grid with M mantissa bits.
-    if key in _UNSUPPORTED:
+    # The library's one format parser: every name it accepts, and only those.
+    given = fmt
+    try:
+      fmt = formats_lib.get_format(fmt.strip().lower())
+    except ValueError as e:
       raise ValueError(
-          f'fmt={fmt!r} has no mantissa grid the stall model can describe. '
+          f'Unknown fmt {given!r} ({e}) {_SUPPORTED_MSG}') from None
+    if fmt.name in _UNSUPPORTED or fmt.mantissa_bits is None:
+      raise ValueError(
+          f'fmt={given!r} has no mantissa grid the stall model can describe. '
           f'{_SUPPORTED_MSG}')
-    raise ValueError(f'Unknown fmt {fmt!r}. {_SUPPORTED_MSG}')
   name = getattr(fmt, 'name', None)
   if not isinstance(name, str) or not hasattr(fmt, 'mantissa_bits'):
     raise ValueError(
@@ -197,7 +181,10 @@ def _mantissa_bits(fmt: Any) -> int:
         f'`mantissa_bits`, got {fmt!r}. {_SUPPORTED_MSG}')
   mbits = fmt.mantissa_bits
   if name.strip().lower().endswith('_dre'):
-    return _mantissa_bits(name.strip().lower())
+    # Dynamic range expansion: the base grid's steps (its exponent k varies
+    # by group and is not known here; k >= 1 only makes the steps finer, so
+    # the base grid's period is the shorter, cautious one).
+    return _mantissa_bits(name.strip().lower()[:-len('_dre')])
   if name.strip().lower() in _MANTISSA_BITS:
     mbits = _MANTISSA_BITS[name.strip().lower()]  # The stored grid's.
   if name.strip().lower() in _UNSUPPORTED or mbits is None:
