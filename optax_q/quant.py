@@ -24,35 +24,50 @@ optimizers need neither): ``pip install 'optax_q[quant]'``. ``import optax_q``
 does not import this module; ``optax_q.quant`` does, on first use.
 """
 
-# pylint: disable=g-import-not-at-top
-try:
-  from optax_q._src.error_propagation import error_decomposition
-  from optax_q._src.error_propagation import layer_errors
-  from optax_q._src.error_propagation import LayerError
-  from optax_q._src.error_propagation import linear_gain
-  from optax_q._src.error_propagation import LinearGain
-  from optax_q._src.error_propagation import relative_error
-  from optax_q._src.linear_quant import LinearQuantization
-  from optax_q._src.linear_quant import ptq
-  from optax_q._src.linear_quant import qat
-  from optax_q._src.linear_quant import quantize_linear
-  from optax_q._src.outliers import kurtosis
-  from optax_q._src.outliers import linear_inputs
-  from optax_q._src.outliers import max_to_mean
-  from optax_q._src.outliers import max_to_median
-  from optax_q._src.quantizers import gaussian_clip
-  from optax_q._src.quantizers import hadamard
-  from optax_q._src.quantizers import Quantizer
-  from optax_q._src.quantizers import quest
-  from optax_q._src.quantizers import rtn
-  from optax_q._src.scaling_law import fit_scaling_law
-  from optax_q._src.scaling_law import ScalingLawFit
-except ModuleNotFoundError as e:
-  if (e.name or '').partition('.')[0] not in ('flax', 'scipy'):
-    raise
+import importlib.util as _util
+
+
+def _missing(names):
+  """The packages of ``names`` that cannot be imported here."""
+  out = []
+  for name in names:
+    try:
+      if _util.find_spec(name) is None:
+        out.append(name)
+    except ImportError:
+      out.append(name)
+  return out
+
+
+# The tools import Flax and SciPy where they use them; the extra is checked
+# once, here, so that a missing one is named with how to install it.
+if _missing(('flax', 'scipy')):
   raise ImportError(
-      f'optax_q.quant needs Flax and SciPy ({e.name!r} is not installed); '
-      "install them with: pip install 'optax_q[quant]'") from e
+      f'optax_q.quant needs Flax and SciPy ({_missing(("flax", "scipy"))} '
+      "not installed); install them with: pip install 'optax_q[quant]'")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from optax_q._src.error_propagation import error_decomposition
+from optax_q._src.error_propagation import layer_errors
+from optax_q._src.error_propagation import LayerError
+from optax_q._src.error_propagation import linear_gain
+from optax_q._src.error_propagation import LinearGain
+from optax_q._src.error_propagation import relative_error
+from optax_q._src.linear_quant import LinearQuantization
+from optax_q._src.linear_quant import ptq
+from optax_q._src.linear_quant import qat
+from optax_q._src.linear_quant import quantize_linear
+from optax_q._src.outliers import kurtosis
+from optax_q._src.outliers import linear_inputs
+from optax_q._src.outliers import max_to_mean
+from optax_q._src.outliers import max_to_median
+from optax_q._src.quantizers import gaussian_clip
+from optax_q._src.quantizers import hadamard
+from optax_q._src.quantizers import Quantizer
+from optax_q._src.quantizers import quest
+from optax_q._src.quantizers import rtn
+from optax_q._src.scaling_law import fit_scaling_law
+from optax_q._src.scaling_law import ScalingLawFit
 # pylint: enable=g-import-not-at-top
 
 __all__ = (

@@ -16,6 +16,8 @@ public name in the API reference (the strict build itself runs in CI)."""
 
 import pathlib
 import re
+import shutil
+import tempfile
 
 from absl.testing import absltest
 import optax_q
@@ -62,7 +64,9 @@ class SiteStructureTest(absltest.TestCase):
     # pylint: disable=g-import-not-at-top
     from mkdocs.structure.files import File, Files
     import mkdocs_hooks
-    files = Files([File(name, str(DOCS), '/tmp/site', True)
+    site = tempfile.mkdtemp()  # Never written to.
+    self.addCleanup(shutil.rmtree, site)
+    files = Files([File(name, str(DOCS), site, True)
                    for name in ('quickstart.md', 'index.md', 'howto.md')])
     files = mkdocs_hooks.on_files(files, config=None)
     urls = {f.src_uri: f.url for f in files}

@@ -79,11 +79,14 @@ class LeanImportTest(absltest.TestCase):
         ' if m.partition(".")[0] in optional))\n'
         'print("quant" in sys.modules, "quant" in dir(optax_q))\n'
         'print(optax_q.quant.__name__, callable(optax_q.quant.ptq),'
-        ' "flax" in sys.modules)\n'))
+        ' "flax" in sys.modules)\n'
+        'with optax_q.quant.ptq(4):\n'
+        '  print("flax" in sys.modules)\n'))
     self.assertEqual(out.splitlines(), [
         '[]',                            # No optional package...
         'False True',                    # ... optax_q.quant not loaded ...
-        'optax_q.quant True True',       # ... until first used.
+        'optax_q.quant True False',      # ... until first used, and Flax
+        'True',                          # where a tool uses it.
     ])
 
   def test_core_modules_import_no_optional_package(self):

@@ -37,7 +37,6 @@ from collections.abc import Callable, Sequence
 import functools
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -362,6 +361,7 @@ def layer_errors(
       return out
 
     # Full precision even inside another active quantization.
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
     with nn.intercept_methods(record), linear_quant.suspended():
       out = fn(*args, **kwargs)
     records, gains, counts = {}, {}, {}
@@ -391,6 +391,7 @@ def layer_errors(
         gains[key] = _linear_record(quantization, context, h, hq, err)
       return fq_hq
 
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
     with nn.intercept_methods(cross), quantization:
       out_q = fn(*args, **kwargs)
     order = [k for k in seen if k in records]

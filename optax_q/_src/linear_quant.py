@@ -40,7 +40,6 @@ import functools
 import math
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -73,6 +72,7 @@ def active_setting(setting: Any) -> Iterator[None]:
   level = len(_STACK.get())
   token = _STACK.set(_STACK.get() + (setting,))
   try:
+    import flax.linen as nn  # pylint: disable=g-import-not-at-top
     with nn.intercept_methods(functools.partial(_dispatch, level)):
       yield
   finally:
@@ -125,6 +125,7 @@ def _dispatch(level, next_fun, args, kwargs, context):
 
 def is_linear(module: nn.Module, method_name: str) -> bool:
   """Whether a call is one `quantize_linear` handles."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   if isinstance(module, nn.Embed):
     return method_name == 'attend'
   return (isinstance(module, (nn.Dense, nn.DenseGeneral))
@@ -133,6 +134,7 @@ def is_linear(module: nn.Module, method_name: str) -> bool:
 
 def _trailing_axes(module: nn.Module, x: jax.Array) -> int:
   """How many trailing axes of ``x`` the layer contracts."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   if isinstance(module, nn.Dense):
     return 1
   if module.batch_dims:
@@ -153,6 +155,7 @@ def _trailing_axes(module: nn.Module, x: jax.Array) -> int:
 def operands(module: nn.Module, method_name: str, x: jax.Array
              ) -> tuple[jax.Array, jax.Array, Any, tuple[int, ...]]:
   """``(x as (..., K), kernel as (N, K), bias or None, output features)``."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   params = module.variables['params']
   if method_name == 'attend':
     table = nn.meta.unbox(params['embedding'])

@@ -42,7 +42,6 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import special
 
 from optax_q._src import rounding as rounding_lib
 from optax_q._src import validation
@@ -84,6 +83,7 @@ def _gaussian_mse(step: float, bits: int, grid: str) -> float:
   edges = np.concatenate([[-np.inf], (values[1:] + values[:-1]) / 2, [np.inf]])
   lo, hi = edges[:-1], edges[1:]
   # E[(x - v)^2; lo < x < hi] from the normal's partial moments.
+  from scipy import special  # pylint: disable=g-import-not-at-top
   cdf = special.ndtr(hi) - special.ndtr(lo)
   finite = lambda t: np.where(np.isinf(t), 0.0, t)
   pdf = lambda t: np.exp(-0.5 * t * t) / math.sqrt(2 * math.pi)

@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from scipy import optimize
 
 from optax_q._src import validation
 
@@ -79,6 +78,7 @@ def _fit_once(log_n, quantized, log_l, delta: float):
     upper = [np.inf, 4.0, floor * (1 - 1e-6), math.log(10.0)]
     if not quantized.any():
       lower[3], upper[3], start[3] = -1e-9, 1e-9, 0.0
+    from scipy import optimize  # pylint: disable=g-import-not-at-top
     res = optimize.least_squares(
         _residuals, start, args=(log_n, quantized, log_l), loss='huber',
         f_scale=delta, bounds=(lower, upper))
