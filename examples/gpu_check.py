@@ -1,0 +1,174 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The GPU run: the kernel path against the XLA path, then step times.
+
+Meant for a machine with a GPU and no network, run from the repository
+without installing (the machine needs jax with CUDA, optax and ml_dtypes)::
+
+  PYTHONPATH=. python examples/gpu_check.py --out docs/results
+
+It does two things, in at most a few minutes on one GPU:
+
+1. **Codes.** For 8-bit and 4-bit formats and both roundings, five AdamW
+   steps on a tiled 1024 x 1024 leaf with ``kernel='xla'`` and with
+   ``kernel='pallas'``, fed the same gradients; it counts the state elements
+   that differ (a compiled kernel may form fused multiply-adds where XLA
+   does not, which moves a last bit) or records why the kernel did not run.
+2. **Speed.** `bench_step.py` on the GPU tree (width 1024, 24 layers, about
+   302M parameters): ``optax.adamw`` in float32 and with a bfloat16 first
+   moment, optax_q's XLA and kernel paths for 8-bit and 4-bit states, and a
+   plain copy measured in the same run, whose bandwidth each row is
+   compared with for the bytes it must move.
+
+Writes ``gpu_check.json`` (the codes) and ``bench_step_gpu.{json,md,png}``
+to ``--out`` (default ``runs/gpu_check``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import optax_q
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_step  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CODE_FORMATS = ('fp8_e4m3', 'int8_dynamic', 'int4', ('nf4', 'ue4m0'))
+BENCH_ROWS = frozenset([
+    'optax.adamw mu_dtype=bf16',
+    'optax_q fp32/fp32',
+    'optax_q int8_dynamic nearest',
+    'optax_q int8_dynamic stochastic',
+    'optax_q fp8_e4m3 stochastic',
+    'optax_q nf4/ue4m0 stochastic',
+    'optax_q int4 nearest',
+    'optax_q int8_dynamic nearest, kernel=xla',
+] + [f'optax_q {fmt} nearest, kernel=pallas'
+     for fmt in ('fp8_e4m3', 'int8_dynamic', 'int4')])
+
+
+def compare_codes(mu: str, nu: str, rounding: str, steps: int = 5,
+                  shape=(1024, 1024)) -> dict:
+  """Runs the XLA and the kernel path side by side; counts differences."""
+  rng = np.random.default_rng(0)
+  params = {'w': jnp.asarray(rng.standard_normal(shape, np.float32)),
+            'b': jnp.zeros(shape[-1:], jnp.float32)}
+  grads = [jax.tree.map(
+      lambda p: jnp.asarray(rng.standard_normal(p.shape, np.float32)), params)
+           for _ in range(steps)]
+  out = {}
+  for kernel in ('xla', 'pallas'):
+    tx = optax_q.adamw(1e-3, mu_format=mu, nu_format=nu, rounding=rounding,
+                       kernel=kernel)
+
+    @jax.jit
+    def step(p, s, g, tx=tx):
+      u, s = tx.update(g, s, p)
+      return jax.tree.map(jnp.add, p, u), s
+
+    p, s = params, tx.init(params)
+    t0 = time.perf_counter()
+    try:
+      for g in grads:
+        p, s = step(p, s, g)
+      jax.block_until_ready((p, s))
+    except Exception as e:  # pylint: disable=broad-except
+      msg = f'{type(e).__name__}: {e}'
+      return dict(kernel_ran=False, error=msg.splitlines()[0][:400],
+                  error_tail=msg[-1200:])
+    out[kernel] = (p, s, time.perf_counter() - t0)
+  (px, sx, tx_s), (pp, sp, tp_s) = out['xla'], out['pallas']
+  state_diff, state_total = 0, 0
+  for a, b in zip(jax.tree.leaves(sx), jax.tree.leaves(sp)):
+    a, b = np.asarray(a), np.asarray(b)
+    state_total += a.size
+    state_diff += int(np.sum(a.view(np.uint8) != b.view(np.uint8))
+                      if a.dtype != b.dtype else np.sum(
+                          ~((a == b) | (np.isnan(a) & np.isnan(b)))
+                          if np.issubdtype(a.dtype, np.floating) else a != b))
+  param_gap = max(float(jnp.max(jnp.abs(a - b)))
+                  for a, b in zip(jax.tree.leaves(px), jax.tree.leaves(pp)))
+  return dict(kernel_ran=True, state_elements=state_total,
+              state_elements_differing=state_diff,
+              param_max_abs_difference=param_gap,
+              first_run_seconds={'xla': round(tx_s, 3),
+                                 'pallas': round(tp_s, 3)})
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--out', default=os.path.join(_ROOT, 'runs',
+                                                    'gpu_check'))
+  parser.add_argument('--revision', default='',
+                      help='the commit measured, where the copy has no .git')
+  parser.add_argument('--d', type=int, default=1024)
+  parser.add_argument('--layers', type=int, default=24)
+  parser.add_argument('--skip-bench', action='store_true')
+  args = parser.parse_args(argv)
+  os.makedirs(args.out, exist_ok=True)
+  dev = jax.devices()[0]
+  print(f'{dev.platform} {getattr(dev, "device_kind", "")}; '
+        f'jax {jax.__version__}', flush=True)
+  revision = args.revision or bench_step.git_revision()
+
+  codes = []
+  for fmt in CODE_FORMATS:
+    mu, nu = fmt if isinstance(fmt, tuple) else (fmt, fmt)
+    for rounding in ('nearest', 'stochastic'):
+      t0 = time.perf_counter()
+      try:
+        r = compare_codes(mu, nu, rounding)
+      except Exception:  # pylint: disable=broad-except
+        r = dict(kernel_ran=False, error=traceback.format_exc()[-600:])
+      r.update(mu_format=mu, nu_format=nu, rounding=rounding,
+               seconds=round(time.perf_counter() - t0, 2))
+      codes.append(r)
+      print(json.dumps({k: v for k, v in r.items() if k != 'error_tail'}),
+            flush=True)
+  check = dict(
+      command='python examples/gpu_check.py ' + ' '.join(
+          sys.argv[1:] if argv is None else argv),
+      git_revision=revision,
+      date=datetime.datetime.now(datetime.timezone.utc).strftime(
+          '%Y-%m-%dT%H:%M:%SZ'),
+      machine=bench_step.machine_line(),
+      versions=bench_step.package_versions(),
+      codes=codes)
+  with open(os.path.join(args.out, 'gpu_check.json'), 'w') as f:
+    json.dump(check, f, indent=2)
+    f.write('\n')
+  if args.skip_bench:
+    return
+  # bench_step's main table, narrowed to these rows (exact names).
+  bench_step.MAIN_ROWS = BENCH_ROWS
+  bench_step.git_revision = lambda: revision
+  bench_step.main(['--d', str(args.d), '--layers', str(args.layers),
+                   '--no-peers', '--name', 'bench_step_gpu',
+                   '--out', args.out])
+
+
+if __name__ == '__main__':
+  main()
