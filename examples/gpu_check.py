@@ -127,6 +127,10 @@ def main(argv=None) -> None:
   parser.add_argument('--d', type=int, default=1024)
   parser.add_argument('--layers', type=int, default=24)
   parser.add_argument('--skip-bench', action='store_true')
+  parser.add_argument('--skip-codes', action='store_true')
+  parser.add_argument('--rows', default='',
+                      help='comma-separated exact row names of bench_step '
+                      '(default: the 8-bit and 4-bit rows above)')
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
   dev = jax.devices()[0]
@@ -135,7 +139,7 @@ def main(argv=None) -> None:
   revision = args.revision or bench_step.git_revision()
 
   codes = []
-  for fmt in CODE_FORMATS:
+  for fmt in () if args.skip_codes else CODE_FORMATS:
     mu, nu = fmt if isinstance(fmt, tuple) else (fmt, fmt)
     for rounding in ('nearest', 'stochastic'):
       t0 = time.perf_counter()
@@ -157,13 +161,15 @@ def main(argv=None) -> None:
       machine=bench_step.machine_line(),
       versions=bench_step.package_versions(),
       codes=codes)
-  with open(os.path.join(args.out, 'gpu_check.json'), 'w') as f:
-    json.dump(check, f, indent=2)
-    f.write('\n')
+  if codes:
+    with open(os.path.join(args.out, 'gpu_check.json'), 'w') as f:
+      json.dump(check, f, indent=2)
+      f.write('\n')
   if args.skip_bench:
     return
   # bench_step's main table, narrowed to these rows (exact names).
-  bench_step.MAIN_ROWS = BENCH_ROWS
+  bench_step.MAIN_ROWS = (frozenset(args.rows.split(',')) if args.rows
+                          else BENCH_ROWS)
   bench_step.git_revision = lambda: revision
   bench_step.main(['--d', str(args.d), '--layers', str(args.layers),
                    '--no-peers', '--name', 'bench_step_gpu',
