@@ -32,7 +32,10 @@ It does two things, in at most a few minutes on one GPU:
    compared with for the bytes it must move.
 
 Writes ``gpu_check.json`` (the codes) and ``bench_step_gpu.{json,md,png}``
-to ``--out`` (default ``runs/gpu_check``).
+to ``--out`` (default ``runs/gpu_check``). ``--publish DIR`` copies the
+files a GPU run wrote to ``DIR`` into ``--out`` (``docs/results``), with the
+output folder in their recorded commands replaced by ``--out``, and
+re-renders the table and the plot.
 """
 
 from __future__ import annotations
@@ -118,6 +121,26 @@ def compare_codes(mu: str, nu: str, rounding: str, steps: int = 5,
                                  'pallas': round(tp_s, 3)})
 
 
+def publish(src: str, out: str) -> None:
+  """Copies a GPU run's JSON results from ``src`` into ``out``."""
+  for stem in ('gpu_check', 'bench_step_gpu'):
+    path = os.path.join(src, stem + '.json')
+    if not os.path.exists(path):
+      continue
+    with open(path) as f:
+      result = json.load(f)
+    words = result['command'].split()
+    if '--out' in words:
+      words[words.index('--out') + 1] = os.path.relpath(out, _ROOT)
+    result['command'] = ' '.join(words)
+    with open(os.path.join(out, stem + '.json'), 'w') as f:
+      json.dump(result, f, indent=2)
+      f.write('\n')
+    if stem == 'bench_step_gpu':
+      bench_step.write_outputs(result, out, stem)
+    print(f'published {stem} to {out}')
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--out', default=os.path.join(_ROOT, 'runs',
@@ -126,6 +149,8 @@ def main(argv=None) -> None:
                       help='the commit measured, where the copy has no .git')
   parser.add_argument('--d', type=int, default=1024)
   parser.add_argument('--layers', type=int, default=24)
+  parser.add_argument('--publish', default='', metavar='DIR',
+                      help='no measurement: publish the results in DIR')
   parser.add_argument('--skip-bench', action='store_true')
   parser.add_argument('--skip-codes', action='store_true')
   parser.add_argument('--rows', default='',
@@ -133,6 +158,9 @@ def main(argv=None) -> None:
                       '(default: the 8-bit and 4-bit rows above)')
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
+  if args.publish:
+    publish(args.publish, args.out)
+    return
   dev = jax.devices()[0]
   print(f'{dev.platform} {getattr(dev, "device_kind", "")}; '
         f'jax {jax.__version__}', flush=True)
