@@ -37,7 +37,7 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import optax_q  # noqa: E402
-from optax_q._src import adaptive  # noqa: E402
+from optax_q._src.adaptive import adaptive  # noqa: E402
 
 import adaptive_worker  # noqa: E402
 

@@ -33,9 +33,10 @@ import optax
 import pytest
 
 import optax_q
-from optax_q._src import packing
-from optax_q._src import qarray as qarray_lib
-from optax_q._src import rounding as rounding_lib
+from optax_q._src.codec import packing
+from optax_q._src.codec import qarray as qarray_lib
+from optax_q._src.codec import rounding as rounding_lib
+from optax_q._src.execution import fusion
 
 ALL_FORMATS = ('bf16', 'fp16', 'fp8_e4m3', 'fp8_e5m2', 'fp4_e2m1',
                'fp4_e2m2u', 'int8', 'int8_dynamic', 'int4', 'e3m2', 'e2m3',
@@ -559,7 +560,8 @@ class ScalesApartTest(parameterized.TestCase):
     def encode(v, t, apart):
       q = qarray_lib.encode(v, fmt, scale_mode='block', block_size=128,
                             key=key, row_stride=3, row_offset=t,
-                            apart_on=t if apart else None)
+                            materialize=fusion.apart_with(
+                                t if apart else None))
       return q.codes, q.scale
 
     fused = jax.jit(functools.partial(encode, apart=False))(x, jnp.int32(2))

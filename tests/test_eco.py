@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 import optax_q
-from optax_q._src import qarray as qarray_lib
+from optax_q._src.codec import qarray as qarray_lib
 
 import helpers
 

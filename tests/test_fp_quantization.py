@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 import optax_q
-from optax_q._src import formats as formats_lib
+from optax_q._src.codec import formats as formats_lib
 
 # The grids of e4m3fn and e5m2_ieee simulated in a bf16 container (the
 # names themselves mean the native one-byte formats).

@@ -32,8 +32,8 @@ import optax
 import orbax.checkpoint as ocp
 
 import optax_q
-from optax_q._src import formats as formats_lib
-from optax_q._src import qarray as qarray_lib
+from optax_q._src.codec import formats as formats_lib
+from optax_q._src.codec import qarray as qarray_lib
 
 BLOCK_SCALED = ('fp8_e4m3', 'fp8_e5m2', 'int8', 'int8_dynamic', 'int4',
                 'fp4_e2m1', 'fp4_e2m2u', 'e3m2')
@@ -256,7 +256,7 @@ class WideStochasticRoundingTest(parameterized.TestCase):
       np.testing.assert_allclose(y[2:], x[2:], rtol=1e-5)
 
   def test_unbiased_above_two_to_the_22(self):
-    from optax_q._src import rounding  # pylint: disable=g-import-not-at-top
+    from optax_q._src.codec import rounding  # pylint: disable=g-import-not-at-top
     y = jnp.full((4096,), 2.0**22 + 0.5)
     u = rounding.uniform(jnp.uint32(7), y.shape)
     r = rounding.round_int(y, u)

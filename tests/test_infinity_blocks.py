@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import optax_q
-from optax_q._src import formats as formats_lib
-from optax_q._src import qarray
+from optax_q._src.codec import formats as formats_lib
+from optax_q._src.codec import qarray
 
 
 # pylint: disable=protected-access

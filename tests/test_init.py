@@ -38,10 +38,10 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import optax_q  # noqa: E402
-from optax_q._src import formats as formats_lib  # noqa: E402
-from optax_q._src import packing  # noqa: E402
-from optax_q._src import qarray as qarray_lib  # noqa: E402
-from optax_q._src import transform  # noqa: E402
+from optax_q._src.codec import formats as formats_lib  # noqa: E402
+from optax_q._src.codec import packing  # noqa: E402
+from optax_q._src.codec import qarray as qarray_lib  # noqa: E402
+from optax_q._src.state import transform  # noqa: E402
 
 # One format per family (the default suite), then the others (slow).
 FAMILIES = ('fp8_e4m3', 'int8', 'int8_dynamic', 'int4', 'nf4', 'nf3',

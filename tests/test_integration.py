@@ -30,7 +30,7 @@ import optax
 import optax_q
 
 import helpers
-from optax_q._src import transform
+from optax_q._src.state import transform
 
 # Structural arguments of the drop-in optimizers: they decide the state
 # layout, so optax.inject_hyperparams must keep them static.

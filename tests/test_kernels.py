@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import optax_q
-from optax_q._src import kernels
+from optax_q._src.execution import kernels
 import pytest
 
 import helpers

@@ -36,9 +36,9 @@ import pytest
 import optax_q
 
 import helpers
-from optax_q._src import fusion
-from optax_q._src import leafwise
-from optax_q._src import rounding as rounding_lib
+from optax_q._src.codec import rounding as rounding_lib
+from optax_q._src.execution import fusion
+from optax_q._src.state import leafwise
 
 
 def _params():

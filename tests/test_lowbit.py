@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import optax_q
-from optax_q._src import packing
-from optax_q._src import qarray
+from optax_q._src.codec import packing
+from optax_q._src.codec import qarray
 import pytest
 
 # QLoRA's NF4 values as the paper's code lists them (Dettmers et al. 2023,

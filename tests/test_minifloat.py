@@ -28,8 +28,8 @@ import ml_dtypes
 import numpy as np
 
 import optax_q
-from optax_q._src import minifloat
-from optax_q._src import rounding
+from optax_q._src.codec import minifloat
+from optax_q._src.codec import rounding
 
 _DTYPES = {
     'float8_e4m3fn': ml_dtypes.float8_e4m3fn,

@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import optax_q  # noqa: E402
-from optax_q._src import qarray as qarray_lib  # noqa: E402
+from optax_q._src.codec import qarray as qarray_lib  # noqa: E402
 
 SCALED = ('fp8_e4m3', 'fp8_e5m2', 'int8', 'int8_dynamic', 'int4',
           'fp4_e2m1', 'e3m2', 'e5m6')

@@ -149,7 +149,7 @@ class QuantizerTest(parameterized.TestCase):
     np.testing.assert_allclose(h, h.T)
 
   def test_rotation_pads_and_keeps_products(self):
-    from optax_q._src import quantizers  # pylint: disable=g-import-not-at-top
+    from optax_q.quant._src import quantizers  # pylint: disable=g-import-not-at-top
     x, w = _normal((5, 96), seed=6), _normal((7, 96), seed=7)
     xr, wr = quantizers.rotate(x, 64), quantizers.rotate(w, 64)
     self.assertEqual(xr.shape, (5, 128))

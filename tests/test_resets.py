@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Tests of state resets (``optax_q._src.resets``).
+"""Tests of state resets (``optax_q._src.resets.resets``).
 
 Semantics follow Algorithm 1 of Topollai & Choromanska (arXiv 2603.16731):
 the reset happens after the K-th update of a cycle, and the next update
@@ -33,8 +33,8 @@ import pytest
 import optax_q
 
 import helpers
-from optax_q._src import resets
-from optax_q._src import theory
+from optax_q._src.resets import resets
+from optax_q._src.resets import theory
 
 
 def _params():
@@ -711,7 +711,7 @@ class ArgumentErrorsTest(parameterized.TestCase):
 
 class WarningLocationTest(parameterized.TestCase):
   """Warnings point at the caller's line, not at a library frame (a fixed
-  stacklevel pointed inside optax_q/_src/alias.py)."""
+  stacklevel pointed inside optax_q/_src/dropins/alias.py)."""
 
   @parameterized.named_parameters(
       ('float32_resets', lambda: optax_q.adamw(

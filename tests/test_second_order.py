@@ -28,7 +28,7 @@ import numpy as np
 import optax
 import optax_q
 
-from optax_q._src import preconditioner as pc
+from optax_q._src.second_order import preconditioner as pc
 
 STEPS = 20
 FREQUENCY = 8  # Refreshes at updates 1, 9 and 17.

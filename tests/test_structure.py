@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 import optax_q
-from optax_q._src import qarray as qarray_lib
+from optax_q._src.codec import qarray as qarray_lib
 import optax_q.quant
 
 try:
@@ -76,7 +76,7 @@ def function_budgets() -> list[tuple[str, int, int]]:
   nested functions (a closure is counted with what it encloses).
   """
   out = []
-  for path in sorted(SRC.glob('*.py')):
+  for path in sorted(SRC.rglob('*.py')):
     source = path.read_text().splitlines()
     for fn in ast.walk(ast.parse('\n'.join(source))):
       if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Tests for the stall model and reset period in ``optax_q._src.theory``.
+"""Tests for the stall model and reset period in ``optax_q._src.resets.theory``.
 
 Paper values are from Topollai & Choromanska, arXiv 2603.16731 (Tables 1-3,
 the theory column of Table 8, and the prediction row of the multi-model stall
@@ -33,7 +33,7 @@ import ml_dtypes
 import numpy as np
 
 import optax_q
-from optax_q._src import theory
+from optax_q._src.resets import theory
 
 PAPER_FORMATS = ('bf16', 'fp8_e4m3', 'fp4')
 

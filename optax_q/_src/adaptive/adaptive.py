@@ -1,0 +1,1022 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Dynamic bit-widths: each state leaf's format chosen as training goes.
+
+An STQuant-style policy (Liu et al., 2026; only the paper's abstract and
+figure captions are known, so every rule below is this library's reading,
+documented in ``docs/bits.md``):
+
+* **Statistics** (inside the compiled step, per parameter leaf ``l``, every
+  ``sample_every`` steps): the gradient's magnitude ``n_l = RMS(g_l)`` and
+  dispersion ``r_l = std(|g_l|) / mean(|g_l|)`` (the coefficient of
+  variation of the magnitudes: 0.76 for a Gaussian, larger for heavy tails,
+  scale-free and finite where ``std / |mean|`` is not), kept as running
+  averages with bias correction; a sample counts at most ``OUTLIER`` times
+  the average so far. Two sums per leaf; O(1) extra space per leaf.
+* **Decisions** (every ``period`` steps, O(leaves)): the global references
+  ``N`` and ``R`` are the size-weighted means of the leaves' averages; a
+  leaf is *high* in a factor when its average exceeds ``threshold * tau(t) *
+  reference``, ``tau(t) = 1 + anneal * min(1, t / anneal_steps)`` (the
+  temporal annealing factor: late in training fewer leaves count as high).
+  The two factors give the n-r quadrant (*redundant*, *structural*,
+  *magnitude*, *critical*), which maps to a level of each field's candidate
+  ladder (first and second moments may differ).
+* **Hysteresis**: a dead band of ``margin`` around each threshold (a high
+  leaf stays high down to ``(1 - margin)`` of it, a low one rises only
+  above ``(1 + margin)``), and a new quadrant is committed only when it has
+  been proposed at ``patience`` decisions in a row, and only at every
+  ``patience``-th decision. Layouts change at most once per
+  ``period * patience`` steps, which bounds the number of compiled steps.
+* **Re-layout** (outside the compiled step, `relayout`): a leaf whose
+  committed format differs from its stored one is decoded and re-encoded,
+  so the bytes really change; the jitted step retraces once per new layout.
+
+References:
+  Liu et al, [STQuant: Spatio-Temporal Adaptive Framework for Optimizer
+  Quantization in Large Multimodal Model
+  Training](https://arxiv.org/abs/2604.06836), 2026
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from optax_q._src.codec import formats as formats_lib
+from optax_q._src.codec import qarray as qarray_lib
+from optax_q._src.core import validation
+from optax_q._src.state import sharding as sharding_lib
+from optax_q._src.state import state_tree
+from optax_q._src.state import transform
+
+Format = formats_lib.Format
+QArray = qarray_lib.QArray
+
+ZONES = ('redundant', 'structural', 'magnitude', 'critical')
+"""The names of the four zones of [`adaptive_bits`][optax_q.adaptive_bits],
+indexed by zone code.
+
+A leaf's zone is its quadrant in the magnitude-dispersion plane (the n-r
+quadrants of STQuant's Fig. 3: magnitude ``n`` on the vertical axis,
+dispersion ``r`` on the horizontal one), with code ``2 * high_magnitude +
+high_dispersion``: ``'redundant'`` (0) is low in both factors,
+``'structural'`` (1) high in dispersion only, ``'magnitude'`` (2) high in
+magnitude only and ``'critical'`` (3) high in both. The ``zone`` field of
+[`BitStatistics`][optax_q.BitStatistics] holds these codes (-1 before a
+leaf's first commit), so ``ZONES[code]`` names a leaf's zone; the keys of
+``adaptive_bits``'s ``zone_levels`` argument are these names.
+"""
+FACTORS = ('magnitude', 'dispersion')
+
+# 3.25, 4.25 and 8.25 bits per element with float32 block scales; add
+# 'bf16' for a 16-bit rung (or pass (format, 'block_pow2') pairs).
+DEFAULT_CANDIDATES = {
+    'mu': ('nf3', 'nf4', 'int8_dynamic'),
+    'nu': ('int3_mulaw', 'ue4m0', 'int8_dynamic'),
+}
+# Which factor matters most to each field: the first moment's error is
+# relative to its magnitude, the second moment's to the spread of v inside
+# a block (what 4-bit grids lose: docs/lowbit.md).
+DEFAULT_FACTORS = {'mu': 'magnitude', 'nu': 'dispersion'}
+# A sample of a factor counts at most this many times the leaf's average.
+OUTLIER = 10.0
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=[],
+                   meta_fields=['fields', 'ladders', 'block_size', 'period',
+                                'patience', 'names'])
+@dataclasses.dataclass(frozen=True)
+class BitPolicy:
+  """The static part of an adaptive state: what each level means.
+
+  Attributes:
+    fields: The adapted state fields, e.g. ``('mu', 'nu')``.
+    ladders: Per field, the candidates ``((Format, scale_mode), ...)`` from
+      fewest to most bits.
+    block_size: Elements per block scale.
+    period: Steps between decisions.
+    patience: Decisions between commits (and the consecutive proposals a
+      commit needs).
+    names: The parameter leaves' ``'a/b'`` paths, in the order of the
+      statistics.
+  """
+
+  fields: tuple[str, ...]
+  ladders: tuple[tuple[tuple[Format, str], ...], ...]
+  block_size: int
+  period: int
+  patience: int
+  names: tuple[str, ...]
+
+  @property
+  def commit_period(self) -> int:
+    """Steps between two possible layout changes."""
+    return self.period * self.patience
+
+  def candidate(self, field: str, level: int) -> tuple[Format, str]:
+    return self.ladders[self.fields.index(field)][level]
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=['magnitude', 'dispersion', 'samples', 'zone', 'pending',
+                 'streak', 'levels'], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class BitStatistics:
+  """Per-parameter-leaf statistics and decisions (telemetry, not moments).
+
+  Attributes:
+    magnitude: float32 ``[L]``, running average of ``RMS(g_l)``.
+    dispersion: float32 ``[L]``, running average of ``std|g_l| / mean|g_l|``.
+    samples: int32 ``[L]``, finite samples taken (for bias correction).
+    zone: int32 ``[L]``, committed quadrant (``ZONES`` index; -1: none yet).
+    pending: int32 ``[L]``, quadrant proposed at the last decision.
+    streak: int32 ``[L]``, decisions in a row that proposed ``pending``.
+    levels: int32 ``[F, L]``, committed ladder level per field.
+  """
+
+  is_telemetry = True  # Not optimizer moments: see ``telemetry``.
+
+  magnitude: jax.Array
+  dispersion: jax.Array
+  samples: jax.Array
+  zone: jax.Array
+  pending: jax.Array
+  streak: jax.Array
+  levels: jax.Array
+
+
+class AdaptiveBitsState(NamedTuple):
+  """State of [`adaptive_bits`][optax_q.adaptive_bits].
+
+  Attributes:
+    count: Steps taken (int32).
+    stats: The [`BitStatistics`][optax_q.BitStatistics] (replicated; a few
+      scalars per parameter leaf).
+    inner: The wrapped [`quantize_state`][optax_q.quantize_state] state, in the
+      current formats.
+    policy: The static [`BitPolicy`][optax_q.BitPolicy] (no buffers).
+  """
+
+  count: jax.Array
+  stats: BitStatistics
+  inner: transform.QuantizedState
+  policy: BitPolicy
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  """Checked arguments of `adaptive_bits`."""
+
+  ladders: dict[str, tuple[tuple[Format, str], ...]]
+  table: dict[str, tuple[int, int, int, int]]  # field -> level per zone
+  initial: dict[str, int]
+  thresholds: tuple[float, float]
+  period: int
+  patience: int
+  margin: float
+  decay: float
+  anneal: float
+  anneal_steps: int
+  sample_every: int
+  min_size: int
+  block_size: int
+
+
+def _check_candidate(value: Any, name: str, nonnegative: bool
+                     ) -> tuple[Format, str]:
+  """``(Format, scale_mode)`` from a format or a ``(format, mode)`` pair."""
+  mode = None
+  if isinstance(value, tuple) and len(value) == 2 and isinstance(
+      value[1], str):
+    value, mode = value
+  fmt = formats_lib.check_format(value, name)
+  if fmt.is_identity:
+    raise ValueError(
+        f'{name}={fmt.name!r}: candidates are storage formats; float32 is '
+        "what they save from (use 'bf16' as the 16-bit candidate).")
+  if nonnegative:
+    fmt = formats_lib.unsigned_variant(fmt)
+  elif not fmt.signed:
+    raise ValueError(
+        f'{name}={fmt.name!r} is unsigned, but the field may be negative.')
+  mode = (qarray_lib.default_scale_mode(fmt) if mode is None
+          else validation.check_scale(mode, f'{name} scale mode'))
+  qarray_lib.check_layout(fmt, mode, f'{name} scale mode')
+  return fmt, mode
+
+
+def stored_bits(fmt: Format, mode: str, block_size: int) -> float:
+  """Bits per element of ``fmt`` in ``mode`` at ``block_size``: codes plus
+  block scales (row, tensor and rank-1 scales depend on the shape: not
+  counted)."""
+  scale = {'block': 32.0, 'block_pow2': 8.0}.get(mode, 0.0)
+  return fmt.bits + scale / block_size
+
+
+def _check_ladders(candidates: Any, nonnegative: frozenset[str],
+                   block_size: int):
+  if candidates is None:
+    candidates = DEFAULT_CANDIDATES
+  if not isinstance(candidates, Mapping) or not candidates:
+    raise ValueError(
+        'candidates must be a non-empty dict {field: (format, ...)} from '
+        'fewest to most bits, e.g. {"mu": ("nf4", "int8_dynamic", "bf16")}, '
+        f'got {validation.short(candidates)}.')
+  validation.check_field_keys(candidates, 'candidates')
+  ladders = {}
+  for field, ladder in candidates.items():
+    name = f'candidates[{field!r}]'
+    if isinstance(ladder, (str, Format)) or not isinstance(
+        ladder, Sequence) or not ladder:
+      raise ValueError(
+          f'{name} must be a non-empty sequence of formats (or (format, '
+          f'scale_mode) pairs), got {validation.short(ladder)}.')
+    checked = tuple(
+        _check_candidate(c, f'{name}[{i}]', field in nonnegative)
+        for i, c in enumerate(ladder))
+    bits = [stored_bits(fmt, mode, block_size) for fmt, mode in checked]
+    if any(b > a for a, b in zip(bits[1:], bits[:-1])):
+      raise ValueError(
+          f'{name} must go from fewest to most stored bits, got '
+          f'{[_layout_name(f, m) for f, m in checked]} '
+          f'({[round(b, 3) for b in bits]} bits per element at block '
+          f'{block_size}).')
+    if len(set(checked)) != len(checked):
+      raise ValueError(f'{name} lists a candidate twice: '
+                       f'{[f.name for f, _ in checked]}.')
+    ladders[field] = checked
+  return ladders
+
+
+def _default_levels(size: int, primary: str) -> tuple[int, int, int, int]:
+  """Levels per zone for a ladder of ``size`` and a field whose primary
+  factor is ``primary``: redundant lowest, critical highest, high in the
+  primary factor alone one below the top, in the other factor alone one
+  above the bottom."""
+  top = size - 1
+  own = max(top - 1, min(1, top))
+  other = 1 if size >= 3 else 0
+  mag, disp = (own, other) if primary == 'magnitude' else (other, own)
+  return (0, disp, mag, top)
+
+
+def _check_adapted(field: Any, name: str, ladders) -> None:
+  """Raises unless ``field`` has candidates."""
+  if field not in ladders:
+    raise ValueError(f'{name} names {field!r}, which has no candidates; '
+                     f'fields: {sorted(ladders)}.')
+
+
+def _check_table(zone_levels, factors, ladders):
+  if factors is not None:
+    if not isinstance(factors, Mapping):
+      raise ValueError(
+          "factors must be a dict {field: 'magnitude' | 'dispersion'} over "
+          f'the fields with candidates {sorted(ladders)}, got '
+          f'{validation.short(factors)}.')
+    for field, factor in factors.items():
+      _check_adapted(field, 'factors', ladders)
+      validation.check_choice(factor, f'factors[{field!r}]', FACTORS)
+  factors = {**DEFAULT_FACTORS, **(factors or {})}
+  table = {f: _default_levels(len(l), factors.get(f, 'magnitude'))
+           for f, l in ladders.items()}
+  if zone_levels is None:
+    return table
+  if not isinstance(zone_levels, Mapping):
+    raise ValueError(
+        'zone_levels must be a dict {zone: {field: level}} with zones in '
+        f'{ZONES}, got {validation.short(zone_levels)}.')
+  for zone, levels in zone_levels.items():
+    validation.check_choice(zone, 'zone_levels key', ZONES)
+    if not isinstance(levels, Mapping):
+      raise ValueError(f'zone_levels[{zone!r}] must be a dict {{field: '
+                       f'level}}, got {validation.short(levels)}.')
+    for field, level in levels.items():
+      _check_adapted(field, f'zone_levels[{zone!r}]', ladders)
+      level = validation.check_int(
+          level, f'zone_levels[{zone!r}][{field!r}]', low=0,
+          high=len(ladders[field]) - 1)
+      row = list(table[field])
+      row[ZONES.index(zone)] = level
+      table[field] = tuple(row)
+  return table
+
+
+def _check_initial(initial, ladders):
+  levels = {f: max(len(l) - 2, 0) for f, l in ladders.items()}
+  if initial is None:
+    return levels
+  if isinstance(initial, Mapping):
+    items = initial.items()
+  else:
+    items = [(f, initial) for f in ladders]
+  for field, level in items:
+    _check_adapted(field, 'initial', ladders)
+    levels[field] = validation.check_int(
+        level, f'initial[{field!r}]', low=0, high=len(ladders[field]) - 1)
+  return levels
+
+
+def _check_thresholds(thresholds) -> tuple[float, float]:
+  if isinstance(thresholds, Mapping):
+    unknown = set(thresholds) - set(FACTORS)
+    if unknown:
+      raise ValueError(f'thresholds keys must be in {FACTORS}, got '
+                       f'{sorted(unknown)}.')
+    thresholds = tuple(thresholds.get(f, 1.0) for f in FACTORS)
+  elif not isinstance(thresholds, Sequence) or len(thresholds) != 2:
+    raise ValueError(
+        'thresholds must be (magnitude, dispersion), two positive numbers '
+        'relative to the global references, or a dict by factor; got '
+        f'{validation.short(thresholds)}.')
+  return tuple(validation.check_number(
+      t, f'thresholds[{i}]', low=0.0, high=1e6, closed='(]', concrete=True)
+               for i, t in enumerate(thresholds))
+
+
+def _check_margin(margin: Any) -> float:
+  try:
+    return validation.check_number(margin, 'margin', low=0.0, high=1.0,
+                                   concrete=True)
+  except ValueError as e:
+    raise ValueError(f'{e} A dead band of 1 or more never lets a leaf that '
+                     'is high in a factor come down: the decisions could '
+                     'not settle.') from None
+
+
+def _config(candidates, *, period, patience, margin, thresholds, decay,
+            anneal, anneal_steps, initial, zone_levels, factors, sample_every,
+            min_size, block_size, nonnegative) -> _Config:
+  ladders = _check_ladders(candidates, nonnegative, block_size)
+  return _Config(
+      ladders=ladders,
+      table=_check_table(zone_levels, factors, ladders),
+      initial=_check_initial(initial, ladders),
+      thresholds=_check_thresholds(thresholds),
+      period=validation.check_int(period, 'period', low=1,
+                                  high=validation.MAX_PERIOD),
+      patience=validation.check_int(patience, 'patience', low=1, high=1000),
+      margin=_check_margin(margin),
+      decay=validation.check_number(decay, 'decay', low=0.0, high=1.0,
+                                    concrete=True),
+      anneal=validation.check_number(anneal, 'anneal', low=0.0, high=1e6,
+                                     closed='[]', concrete=True),
+      anneal_steps=validation.check_int(anneal_steps, 'anneal_steps', low=1,
+                                        high=validation.MAX_PERIOD),
+      sample_every=validation.check_int(sample_every, 'sample_every', low=1,
+                                        high=validation.MAX_PERIOD),
+      min_size=min_size, block_size=block_size)
+
+
+def _param_names(tree: Any) -> tuple[list[str], list[Any]]:
+  """``('a/b' path, leaf)`` of every leaf of a parameter-shaped tree."""
+  flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=state_tree.is_box)[0]
+  names, leaves = [], []
+  for path, leaf in flat:
+    if state_tree.is_box(leaf):
+      leaf = jax.tree.leaves(leaf)[0]
+    names.append(state_tree.path_str(path))
+    leaves.append(leaf)
+  return names, leaves
+
+
+def _eligible(cfg: _Config, leaves: list[Any]) -> np.ndarray:
+  """Static mask of the leaves whose state may be quantized."""
+  return np.array([
+      state_tree.is_float_array(x) and math.prod(x.shape) >= max(
+          cfg.min_size, 1) for x in leaves], bool)
+
+
+def _moments(g: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(RMS(g), std|g| / mean|g|)`` of one gradient leaf, in float32."""
+  g = jnp.asarray(g, jnp.float32)
+  size = max(g.size, 1)
+  # Scaled by the largest magnitude first: no overflow in the squares of a
+  # leaf of huge values, no underflow in those of tiny ones.
+  peak = jnp.max(jnp.abs(g)) if g.size else jnp.float32(0)
+  safe = jnp.where((peak > 0) & jnp.isfinite(peak), peak, 1.0)
+  u = g / safe
+  mean_sq = jnp.sum(u * u) / size
+  mean_abs = jnp.sum(jnp.abs(u)) / size
+  rms = jnp.sqrt(mean_sq) * safe
+  ratio = mean_sq / jnp.maximum(mean_abs * mean_abs, jnp.finfo(jnp.float32).tiny)
+  cv = jnp.where(mean_abs > 0, jnp.sqrt(jnp.maximum(ratio - 1.0, 0.0)), 0.0)
+  return rms, cv
+
+
+def _sample(cfg: _Config, eligible: np.ndarray, stats: BitStatistics,
+            grads: list[Any]) -> BitStatistics:
+  """One sample of every eligible leaf's factors into the averages."""
+  n, r = [], []
+  for g, ok in zip(grads, eligible):
+    a, b = _moments(g) if ok else (jnp.float32(0), jnp.float32(0))
+    n.append(a)
+    r.append(b)
+  n, r = jnp.stack(n), jnp.stack(r)
+  take = jnp.asarray(eligible) & jnp.isfinite(n) & jnp.isfinite(r)
+  # A sample counts at most OUTLIER times the leaf's average so far: one
+  # spike (a finite gradient 1e15 times the usual) moves the average by a
+  # bounded step instead of holding the leaf's zone for hundreds of steps.
+  seen = stats.samples > 0
+  n = jnp.where(seen, jnp.minimum(n, OUTLIER * _average(cfg, stats.magnitude,
+                                                       stats.samples)), n)
+  r = jnp.where(seen, jnp.minimum(r, OUTLIER * _average(cfg, stats.dispersion,
+                                                       stats.samples)), r)
+  d = jnp.float32(cfg.decay)
+  return dataclasses.replace(
+      stats,
+      magnitude=jnp.where(take, d * stats.magnitude + (1 - d) * n,
+                          stats.magnitude),
+      dispersion=jnp.where(take, d * stats.dispersion + (1 - d) * r,
+                           stats.dispersion),
+      samples=stats.samples + take.astype(jnp.int32))
+
+
+def _average(cfg: _Config, ema: jax.Array, samples: jax.Array) -> jax.Array:
+  """The bias-corrected running average (0 before the first sample)."""
+  correction = 1 - jnp.float32(cfg.decay) ** samples.astype(jnp.float32)
+  return jnp.where(samples > 0, ema / jnp.where(samples > 0, correction, 1.0),
+                   0.0)
+
+
+def annealing(cfg: _Config, count: jax.Array) -> jax.Array:
+  """``tau(t) = 1 + anneal * min(1, t / anneal_steps)``."""
+  t = jnp.minimum(count.astype(jnp.float32) / cfg.anneal_steps, 1.0)
+  return 1.0 + jnp.float32(cfg.anneal) * t
+
+
+def _high(value, reference, threshold, was_high, margin):
+  """High in one factor, with the dead band around the threshold."""
+  t = threshold * reference
+  up = value > t * (1 + margin)
+  stay = value > t * (1 - margin)
+  return jnp.where(was_high, stay, up)
+
+
+def _decide(cfg: _Config, fields: tuple[str, ...], eligible: np.ndarray,
+            sizes: np.ndarray, stats: BitStatistics, count: jax.Array
+            ) -> BitStatistics:
+  """One decision: propose quadrants; commit the settled ones."""
+  seen = jnp.asarray(eligible) & (stats.samples > 0)
+  n = jnp.where(seen, _average(cfg, stats.magnitude, stats.samples), 0.0)
+  r = jnp.where(seen, _average(cfg, stats.dispersion, stats.samples), 0.0)
+  w = jnp.where(seen, jnp.asarray(sizes, jnp.float32), 0.0)
+  total = jnp.maximum(jnp.sum(w), 1.0)
+  tau = annealing(cfg, count)
+  ref_n = jnp.sum(w * n) / total * tau
+  ref_r = jnp.sum(w * r) / total * tau
+  zone = stats.zone
+  known = zone >= 0
+  margin = jnp.where(known, jnp.float32(cfg.margin), 0.0)
+  hi_n = _high(n, ref_n, cfg.thresholds[0], known & (zone >= 2), margin)
+  hi_r = _high(r, ref_r, cfg.thresholds[1], known & (zone % 2 == 1), margin)
+  proposal = 2 * hi_n.astype(jnp.int32) + hi_r.astype(jnp.int32)
+  streak = jnp.where(proposal == stats.pending, stats.streak + 1, 1)
+  decision = count // cfg.period
+  commit = (decision % cfg.patience == 0) & seen & (streak >= cfg.patience)
+  zone = jnp.where(commit, proposal, zone)
+  table = jnp.asarray(np.array([cfg.table[f] for f in fields],
+                               np.int32).reshape(len(fields), len(ZONES)))
+  levels = jnp.where(zone[None, :] >= 0, table[:, jnp.maximum(zone, 0)],
+                     stats.levels)
+  return dataclasses.replace(stats, zone=zone, pending=proposal,
+                             streak=streak, levels=levels)
+
+
+def _init(cfg: _Config, quantized, params) -> AdaptiveBitsState:
+  names, leaves = _param_names(params)
+  fields = tuple(cfg.ladders)
+  num = len(leaves)
+  twice = sorted({n for n in names if names.count(n) > 1})
+  if twice:
+    raise ValueError(
+        f'adaptive_bits: parameter paths {twice} name more than one leaf '
+        "(a key with '/' next to a nested one?); rename them so that each "
+        'leaf has its own a/b/c path.')
+  policy = BitPolicy(
+      fields=fields, ladders=tuple(cfg.ladders[f] for f in fields),
+      block_size=cfg.block_size, period=cfg.period, patience=cfg.patience,
+      names=tuple(names))
+  # One array per leaf: a state whose leaves share a buffer can't be donated
+  # (jax.jit(..., donate_argnums=...) would free it twice).
+  stats = BitStatistics(
+      magnitude=jnp.zeros([num], jnp.float32),
+      dispersion=jnp.zeros([num], jnp.float32),
+      samples=jnp.zeros([num], jnp.int32),
+      zone=jnp.full([num], -1, jnp.int32),
+      pending=jnp.full([num], -1, jnp.int32),
+      streak=jnp.zeros([num], jnp.int32),
+      levels=jnp.asarray(
+          np.array([[cfg.initial[f]] * num for f in fields],
+                   np.int32).reshape(len(fields), num)))
+  state = AdaptiveBitsState(
+      count=jnp.zeros([], jnp.int32), stats=stats,
+      inner=quantized.init(params), policy=policy)
+  if not _leaf_slots(state) and _eligible(cfg, leaves).any():
+    raise ValueError(
+        f'adaptive_bits: no leaf of the fields {list(fields)} in the inner '
+        'state is laid out per parameter (field/<parameter path>), so no '
+        'format could ever change. Parameters keyed by attribute (a '
+        'NamedTuple or dataclass of arrays) are not supported: pass them '
+        'as a dict.')
+  return state
+
+
+def _update(cfg: _Config, quantized, updates, state: AdaptiveBitsState,
+            params=None, **extra_args):
+  names, grads = _param_names(updates)
+  if len(names) != len(state.policy.names):
+    raise ValueError(
+        f'adaptive_bits: the updates have {len(names)} leaves, the state '
+        f'was initialised for {len(state.policy.names)}.')
+  eligible = _eligible(cfg, grads)
+  sizes = np.array([math.prod(getattr(g, 'shape', ())) for g in grads],
+                   np.float64)
+  count = optax.safe_increment(state.count)
+  stats = state.stats
+  if eligible.any():
+    sample = lambda s: _sample(cfg, eligible, s, grads)
+    stats = (sample(stats) if cfg.sample_every == 1 else jax.lax.cond(
+        state.count % cfg.sample_every == 0, sample, lambda s: s, stats))
+    stats = jax.lax.cond(
+        count % cfg.period == 0,
+        lambda s: _decide(cfg, state.policy.fields, eligible, sizes, s,
+                          count),
+        lambda s: s, stats)
+  new_updates, inner = quantized.update(updates, state.inner, params,
+                                        **extra_args)
+  return new_updates, AdaptiveBitsState(
+      count=count, stats=stats, inner=inner, policy=state.policy)
+
+
+def adaptive_bits(
+    inner: optax.GradientTransformation,
+    candidates: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    period: int = 100,
+    patience: int = 2,
+    margin: float = 0.1,
+    thresholds: Sequence[float] | Mapping[str, float] = (1.0, 1.0),
+    decay: float = 0.9,
+    anneal: float = 1.0,
+    anneal_steps: int = 10_000,
+    initial: int | Mapping[str, int] | None = None,
+    zone_levels: Mapping[str, Mapping[str, int]] | None = None,
+    factors: Mapping[str, str] | None = None,
+    sample_every: int = 1,
+    rounding: str | Mapping[str, str] = 'stochastic',
+    seed: int | None = None,
+    min_size: int | None = None,
+    block_size: int | None = None,
+    track_stalls: bool = True,
+    elementwise: bool = False,
+    tile_size: int | None = transform.DEFAULT_TILE_SIZE,
+    nonnegative_fields: Sequence[str] = transform.NONNEGATIVE_FIELDS,
+    kernel: str = 'auto',
+) -> optax.GradientTransformationExtraArgs:
+  """Keeps ``inner``'s state in formats chosen per leaf as training goes.
+
+  The state is that of [`quantize_state`][optax_q.quantize_state] with every
+  leaf of an adapted field (``mu``, ``nu``, ...) in one of that field's
+  ``candidates``, plus per-parameter gradient statistics. Every ``period`` steps
+  the step itself decides, from the statistics, which candidate each leaf should
+  use (see the module docstring and ``docs/bits.md``);
+  [`relayout`][optax_q.relayout], called between steps, re-encodes the leaves
+  whose decision changed. The decisions are computed from global reductions
+  inside the compiled step, so every device and every process of a sharded run
+  reaches the same ones.
+
+  Args:
+    inner: Any Optax transformation (``optax.scale_by_adam()``, ...).
+    candidates: ``{field: (format, ...)}`` from fewest to most bits; an
+      entry may be a ``(format, scale_mode)`` pair such as ``('nf4',
+      'block_pow2')``. Non-negative fields take unsigned variants as in
+      [`quantize_state`][optax_q.quantize_state]. Default: ``mu`` in ``('nf3',
+      'nf4', 'int8_dynamic')``, ``nu`` in ``('int3_mulaw', 'ue4m0',
+      'int8_dynamic')`` (3.25, 4.25 and 8.25 bits per element); add
+      ``'bf16'`` at the end of a ladder for a 16-bit rung.
+    period: Steps between decisions (K), a positive int.
+    patience: Decisions between commits, and the consecutive identical
+      proposals a commit needs; a positive int. The layout changes at most
+      once every ``period * patience`` steps.
+    margin: Dead band around each threshold, in ``[0, 1)``: a leaf that is
+      high in a factor stays high until it falls below ``(1 - margin)`` of
+      the threshold; a low one becomes high above ``(1 + margin)``.
+    thresholds: ``(magnitude, dispersion)`` thresholds, positive, relative
+      to the global references (size-weighted means over leaves).
+    decay: Decay of the running averages, in ``[0, 1)``.
+    anneal: Temporal annealing: thresholds grow by ``1 + anneal * min(1,
+      t / anneal_steps)``, ``>= 0`` (0: off).
+    anneal_steps: Steps over which the annealing factor grows.
+    initial: The ladder level of every leaf until its first commit (an int
+      or ``{field: int}``); default one below the top (4-bit with the
+      default ladders).
+    zone_levels: ``{zone: {field: level}}`` overrides of the quadrant-to-
+      level table, zones in ``ZONES``. By default ``redundant`` maps to the
+      lowest level and ``critical`` to the highest; a field's primary factor
+      alone (see ``factors``) one below the top, the other factor alone one
+      above the bottom.
+    factors: ``{field: 'magnitude' | 'dispersion'}``, each field's primary
+      factor; default ``mu``: magnitude, ``nu``: dispersion.
+    sample_every: Take the statistics every this many steps (1: every
+      step); other steps skip the two reductions per leaf.
+    rounding: As [`quantize_state`][optax_q.quantize_state].
+    seed: As [`quantize_state`][optax_q.quantize_state].
+    min_size: As [`quantize_state`][optax_q.quantize_state].
+    block_size: As [`quantize_state`][optax_q.quantize_state].
+    track_stalls: As [`quantize_state`][optax_q.quantize_state].
+    elementwise: As [`quantize_state`][optax_q.quantize_state].
+    tile_size: As [`quantize_state`][optax_q.quantize_state].
+    nonnegative_fields: As [`quantize_state`][optax_q.quantize_state].
+    kernel: As [`quantize_state`][optax_q.quantize_state].
+
+  Returns:
+    A gradient transformation whose state is an
+      [`AdaptiveBitsState`][optax_q.AdaptiveBitsState].
+
+  Raises:
+    ValueError: at construction, naming the bad argument and the allowed
+      values: an unknown or float32 candidate, an empty ladder or one not
+      ordered by bits, a non-positive period or patience, thresholds not
+      positive, a margin outside ``[0, 1)`` (a dead band that never
+      settles), levels out of a ladder's range.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, optax, optax_q
+    >>> tx = optax_q.adaptive_bits(optax.scale_by_adam(), period=10,
+    ...                            min_size=0)
+    >>> state = tx.init({'w': jnp.zeros((8, 256))})
+    >>> optax_q.bit_layout(state)
+    {'inner/inner_state/mu/w': 'nf4/block', 'inner/inner_state/nu/w': 'ue4m0/block'}
+
+  References:
+    Liu et al, [STQuant: Spatio-Temporal Adaptive Framework for Optimizer
+    Quantization in Large Multimodal Model
+    Training](https://arxiv.org/abs/2604.06836), 2026
+  """
+  validation.check_transform(inner)
+  nonnegative = frozenset(validation.check_names(nonnegative_fields,
+                                                 'nonnegative_fields'))
+  _, block, _, min_elems = transform.check_storage_args(
+      rounding=rounding, block_size=block_size, seed=seed, min_size=min_size)
+  cfg = _config(
+      candidates, period=period, patience=patience, margin=margin,
+      thresholds=thresholds, decay=decay, anneal=anneal,
+      anneal_steps=anneal_steps, initial=initial, zone_levels=zone_levels,
+      factors=factors, sample_every=sample_every, min_size=min_elems,
+      block_size=block, nonnegative=nonnegative)
+  names = state_tree.probe_field_names(inner)
+  if names is not None and set(cfg.ladders) - names[0]:
+    raise ValueError(
+        f'candidates names state field(s) '
+        f'{sorted(set(cfg.ladders) - names[0])} that this inner '
+        f"transform's state lacks; its float fields are {sorted(names[0])}: "
+        "pass candidates={field: (format, ...)} for those (e.g. "
+        "{'trace': ('nf4', 'int8_dynamic')} for optax.trace).")
+  start = {f: cfg.ladders[f][cfg.initial[f]] for f in cfg.ladders}
+  quantized = transform.quantize_state(
+      inner, formats={f: fmt for f, (fmt, _) in start.items()},
+      scale_mode={f: mode for f, (_, mode) in start.items()},
+      rounding=rounding, seed=seed, min_size=min_size, block_size=block_size,
+      track_stalls=track_stalls, elementwise=elementwise,
+      tile_size=tile_size, nonnegative_fields=nonnegative, kernel=kernel)
+  return optax.GradientTransformationExtraArgs(
+      functools.partial(_init, cfg, quantized),
+      functools.partial(_update, cfg, quantized))
+
+
+# ----------------------------------------------------------------------------
+# Between steps: reading decisions, re-encoding, layouts for checkpoints.
+# ----------------------------------------------------------------------------
+
+
+def _is_adaptive(x: Any) -> bool:
+  return isinstance(x, AdaptiveBitsState)
+
+
+def _host(x: Any) -> np.ndarray:
+  """A replicated array's value on this host (any process)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(x)
+
+
+def _layout_name(fmt: Format, mode: str) -> str:
+  return f'{fmt.name}/{mode}'
+
+
+def _leaf_slots(node: AdaptiveBitsState):
+  """``(path, field, param index, QArray)`` of the adapted leaves."""
+  policy = node.policy
+  root = node.inner.inner_state
+  index = {n: i for i, n in enumerate(policy.names)}
+  flat = jax.tree_util.tree_flatten_with_path(
+      root, is_leaf=qarray_lib.is_qarray)[0]
+  out = []
+  for path, leaf in flat:
+    if not qarray_lib.is_qarray(leaf):
+      continue
+    field = state_tree.field_name(path, root)
+    if field not in policy.fields:
+      continue
+    cut = max(i for i, k in enumerate(path)
+              if isinstance(k, jax.tree_util.GetAttrKey) and k.name == field)
+    name = state_tree.path_str(path[cut + 1:])
+    if name in index:
+      out.append((path, field, index[name], leaf))
+  return out
+
+
+def _scale_mode_for(fmt: Format, mode: str, leaf: QArray) -> str:
+  return 'block' if mode == 'rank1' and leaf.ndim < 2 else mode
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _reencode(q: QArray, fmt: Format, mode: str, block_size: int) -> QArray:
+  return qarray_lib.encode(
+      qarray_lib.decode(q), fmt, scale_mode=mode, block_size=block_size,
+      key=None, dtype=q.dtype)
+
+
+def _box_of(x: Any) -> Any:
+  """The box (an ``nnx.Variable``) around codes or scales, or None."""
+  if x is None or isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+    return None
+  children = jax.tree_util.tree_flatten_with_path(
+      x, is_leaf=lambda y: y is not x)[0]
+  return x if len(children) == 1 and children[0][0] == (
+      jax.tree_util.GetAttrKey('value'),) else None
+
+
+def _convert(q: QArray, fmt: Format, mode: str, block_size: int) -> QArray:
+  """``q`` re-encoded (nearest) in ``fmt``; abstract in, abstract out.
+
+  Boxes around the codes and scales (``nnx.Optimizer`` wraps every state
+  array in one) go around the new codes and scales, so that the result can
+  be assigned back to the optimizer as it is."""
+  mode = _scale_mode_for(fmt, mode, q)
+  boxes = (_box_of(q.codes), _box_of(q.scale))
+  plain = dataclasses.replace(q, **{
+      f: jax.tree.leaves(b)[0] for f, b in zip(('codes', 'scale'), boxes)
+      if b is not None})
+  if isinstance(plain.codes, jax.ShapeDtypeStruct):
+    new = jax.eval_shape(lambda x: _reencode(x, fmt, mode, block_size), plain)
+  else:
+    new = _reencode(plain, fmt, mode, block_size)
+  return dataclasses.replace(new, **{
+      f: state_tree.rebox(b, getattr(new, f))
+      for f, b in zip(('codes', 'scale'), boxes)
+      if b is not None and getattr(new, f) is not None})
+
+
+def _replace_leaves(state_inner, changes: dict[tuple, QArray]):
+  flat, treedef = jax.tree_util.tree_flatten_with_path(
+      state_inner, is_leaf=qarray_lib.is_qarray)
+  return treedef.unflatten([changes.get(tuple(p), x) for p, x in flat])
+
+
+def _relayout_node(node: AdaptiveBitsState, prefix: str,
+                   layout: Mapping[str, str] | None) -> AdaptiveBitsState:
+  policy = node.policy
+  slots = _leaf_slots(node)
+  levels = None
+  if layout is None:
+    levels = node.stats.levels
+    if isinstance(levels, jax.core.Tracer):
+      raise ValueError(
+          'relayout reads the committed formats from the state and changes '
+          "the state's structure: call it between steps, outside jax.jit "
+          '(or pass layout=, which needs no values).')
+    if isinstance(levels, jax.ShapeDtypeStruct):
+      raise ValueError(
+          'relayout of an abstract state (jax.eval_shape) has no decisions '
+          'to read: pass the layout to apply, layout=bit_layout(state) of '
+          'the state that was saved.')
+    levels = _host(levels)
+  changes = {}
+  for path, field, index, leaf in slots:
+    name = prefix + 'inner/inner_state/' + state_tree.path_str(path)
+    if layout is not None:
+      if name not in layout:
+        continue
+      fmt, mode = _parse_layout(layout[name], name, policy, field)
+    else:
+      fmt, mode = policy.candidate(field,
+                                   int(levels[policy.fields.index(field),
+                                              index]))
+    mode = _scale_mode_for(fmt, mode, leaf)
+    if (fmt, mode) == (leaf.fmt, leaf.scale_mode):
+      continue
+    changes[tuple(path)] = _convert(leaf, fmt, mode, policy.block_size)
+  if not changes:
+    return node
+  inner = node.inner._replace(
+      inner_state=_replace_leaves(node.inner.inner_state, changes))
+  return node._replace(inner=inner)
+
+
+def _parse_layout(entry: Any, name: str, policy: BitPolicy, field: str
+                  ) -> tuple[Format, str]:
+  ladder = policy.ladders[policy.fields.index(field)]
+  for fmt, mode in ladder:
+    if entry in (_layout_name(fmt, mode), _layout_name(fmt, 'block')):
+      return fmt, mode
+  raise ValueError(
+      f'layout[{name!r}]={validation.short(entry)} is not a candidate of '
+      f'{field!r}: {[_layout_name(f, m) for f, m in ladder]}.')
+
+
+def _check_adaptive_state(state: Any, func: str) -> None:
+  """``state`` holds at least one `AdaptiveBitsState`."""
+  if not any(_is_adaptive(x) for x in jax.tree.leaves(
+      state, is_leaf=lambda x: _is_adaptive(x) or qarray_lib.is_qarray(x))):
+    raise ValueError(
+        f'{func} needs a state with adaptive bits (an optimizer state holding '
+        'AdaptiveBitsState nodes, from optax_q.adaptive_bits or bits='
+        "'adaptive' / bits={...} of adam and adamw), but state="
+        f'{validation.short(state)} of type {type(state).__name__} holds '
+        'none.')
+
+
+def _map_adaptive(fn: Callable[[AdaptiveBitsState, str], Any], state: Any):
+  """``fn(node, 'a/b/')`` on every `AdaptiveBitsState` of ``state``."""
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: fn(x, state_tree.path_str(p) + '/' if p else '')
+      if _is_adaptive(x) else x,
+      state, is_leaf=lambda x: _is_adaptive(x) or qarray_lib.is_qarray(x))
+
+
+def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
+             step: int | None = None, param_shardings: Any = None) -> Any:
+  """Re-encodes the adapted leaves whose committed format changed.
+
+  Call it between steps, outside ``jax.jit`` (the new state has a new
+  structure: the next call of a jitted step compiles once for it). Leaves
+  are decoded and re-encoded with round-to-nearest; the others are
+  returned as they are (same buffers).
+
+  With a Flax NNX optimizer, pass its state and assign the result back:
+  ``opt.opt_state = optax_q.relayout(opt.opt_state, step=step)``. The
+  boxes ``nnx.Optimizer`` puts around the state's arrays are kept around
+  the new codes and scales. A state of plain arrays (one restored from a
+  checkpoint without them, say) assigned there fails at the next
+  ``opt.update`` with "Cannot set key ... on immutable node of type
+  QArray" (or of another state node): wrap it first,
+  ``opt.opt_state = nnx.data(flax.nnx.training.optimizer.to_opt_state(new))``.
+
+  Args:
+    state: Any optimizer state holding
+      [`AdaptiveBitsState`][optax_q.AdaptiveBitsState] nodes (inside
+      ``optax.chain`` and the like); concrete or abstract (from
+      ``jax.eval_shape``: the result is abstract too).
+    layout: ``{path: 'format/scale_mode'}`` as
+      [`bit_layout`][optax_q.bit_layout] returns it, to apply instead of the
+      state's committed levels: the way to rebuild a saved layout on an abstract
+      state before a checkpoint restore.
+    step: The number of updates applied so far, if known. Layouts can only
+      change every ``period * patience`` steps, so other steps return
+      ``state`` at once without reading anything from the devices.
+    param_shardings: The parameters' ``NamedSharding`` tree: the new
+      buffers are then placed as [`state_shardings`][optax_q.state_shardings]
+      lays them out (without it they keep the placement XLA gives the
+      re-encoding).
+
+  Returns:
+    The state with every adapted leaf in its committed (or given) format;
+    ``state`` itself (the same object) when no leaf changes.
+
+  Raises:
+    ValueError: if ``state`` holds no
+      [`AdaptiveBitsState`][optax_q.AdaptiveBitsState] (None, a plain
+      optimizer's state), ``layout`` is not a dict of candidates of this
+      state, or ``step`` is not an int >= 0.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, optax_q
+    >>> tx = optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0)
+    >>> state = tx.init({'w': jnp.zeros((8, 256))})
+    >>> state = optax_q.relayout(
+    ...     state, {'inner/inner_state/mu/w': 'nf3/block'})
+    >>> optax_q.bit_layout(state)['inner/inner_state/mu/w']
+    'nf3/block'
+  """
+  _check_adaptive_state(state, 'relayout')
+  if step is not None:
+    step = validation.check_int(step, 'step')
+    periods = {x.policy.commit_period for x in jax.tree.leaves(
+        state, is_leaf=_is_adaptive) if _is_adaptive(x)}
+    if not any(step % p == 0 for p in periods):
+      return state
+  if layout is not None and not isinstance(layout, Mapping):
+    raise ValueError('layout must be a dict {path: "format/scale_mode"} as '
+                     f'bit_layout returns, got {validation.short(layout)}.')
+  changed = []
+
+  def visit(node, prefix):
+    out = _relayout_node(node, prefix, layout)
+    changed.append(out is not node)
+    return out
+
+  if layout is not None:
+    unknown = sorted(set(layout) - set(bit_layout(state)))
+    if unknown:
+      raise ValueError(
+          f'layout names {len(unknown)} path(s) that are not adapted leaves '
+          f'of this state, e.g. {unknown[:3]}; its paths are '
+          f'{sorted(bit_layout(state))[:3]}... (a layout saved from another '
+          'tree, such as a whole train state instead of its optimizer '
+          'state?)')
+  new = _map_adaptive(visit, state)
+  if not any(changed):
+    return state  # Nothing to re-encode: the same state, not a copy.
+  if param_shardings is not None:
+    shardings = sharding_lib.state_shardings(new, param_shardings)
+    new = jax.tree.map(
+        lambda x, s: x if isinstance(x, jax.ShapeDtypeStruct) or (
+            getattr(x, 'sharding', None) == s) else jax.device_put(x, s),
+        new, shardings)
+  return new
+
+
+def bit_layout(state: Any) -> dict[str, str]:
+  """The format of every adapted leaf: ``{path: 'format/scale_mode'}``.
+
+  A small JSON-able dict: save it with a checkpoint (e.g. Orbax's
+  ``JsonSave`` next to the state) and pass it to [`relayout`][optax_q.relayout]
+  on the abstract state before restoring, so the target has the saved formats.
+
+  Args:
+    state: Any optimizer state (concrete or abstract) holding
+      [`AdaptiveBitsState`][optax_q.AdaptiveBitsState] nodes.
+
+  Returns:
+    ``{'a/b/c' path: 'format/scale_mode'}``, in the state's flattening
+    order; empty where the state has no adapted leaf.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.adamw(1e-3, bits='adaptive', min_size=0)
+    >>> optax_q.bit_layout(tx.init({'w': jnp.zeros((8, 256))}))
+    {'0/inner/inner_state/mu/w': 'nf4/block', '0/inner/inner_state/nu/w': 'ue4m0/block'}
+  """
+  _check_adaptive_state(state, 'bit_layout')
+  out = {}
+
+  def visit(node, prefix):
+    for path, _, _, leaf in _leaf_slots(node):
+      name = prefix + 'inner/inner_state/' + state_tree.path_str(path)
+      out[name] = _layout_name(leaf.fmt, leaf.scale_mode)
+    return node
+
+  _map_adaptive(visit, state)
+  return out
+
+
+def bit_widths(state: Any) -> dict[str, float]:
+  """Stored bits per element of every adapted leaf (codes and scales).
+
+  Args:
+    state: Any optimizer state (concrete or abstract) holding
+      [`AdaptiveBitsState`][optax_q.AdaptiveBitsState] nodes.
+
+  Returns:
+    ``{'a/b/c' path: bits per element}`` from the real buffers, as
+    [`bit_layout`][optax_q.bit_layout] names the leaves.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax_q
+    >>> tx = optax_q.adamw(1e-3, bits='adaptive', min_size=0)
+    >>> optax_q.bit_widths(tx.init({'w': jnp.zeros((8, 256))}))
+    {'0/inner/inner_state/mu/w': 4.25, '0/inner/inner_state/nu/w': 4.25}
+  """
+  _check_adaptive_state(state, 'bit_widths')
+  out = {}
+
+  def visit(node, prefix):
+    for path, _, _, leaf in _leaf_slots(node):
+      name = prefix + 'inner/inner_state/' + state_tree.path_str(path)
+      out[name] = 8.0 * leaf.nbytes / max(leaf.size, 1)
+    return node
+
+  _map_adaptive(visit, state)
+  return out

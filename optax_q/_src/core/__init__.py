@@ -1,0 +1,22 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Core: argument checks and Explicit-mesh helpers every layer uses.
+
+- `validation`: the checks that turn bad arguments into errors naming the
+  argument and the values it allows, and `warn` (pointed at the caller).
+- `explicit`: helpers for arrays sharded on Explicit meshes (`like`, the
+  specs of reshapes), so that no layer above has to special-case them.
+
+Imports nothing of optax_q.
+"""

@@ -1,0 +1,69 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Where the compiled step is cut into fusions of its own.
+
+XLA fuses elementwise work into every consumer that reads it. On XLA:CPU a
+value read by several fusions (a tile's new moments: by the block maxima,
+the infinity flags and the encoder; a block's scale: by each of its
+elements in the encoder) is then computed once per reader, or per element.
+`apart` computes such a value once, into buffers of its own. It changes
+where values are computed, never how: the same operations on the same
+inputs, so the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+
+def on_cpu() -> bool:
+  """Whether the default backend is XLA:CPU."""
+  return jax.default_backend() == 'cpu'
+
+
+def apart(fn: Callable[[], Any], token: jax.Array) -> Any:
+  """``fn()``, computed into buffers of its own (``token`` is never
+  negative: a loop index, say).
+
+  A conditional whose predicate always holds, but which the compiler cannot
+  decide: XLA:CPU materializes its results instead of fusing ``fn``'s work
+  into each consumer, where it would be computed again per consumer (and an
+  in-place fusion runs on one core). ``lax.optimization_barrier`` does not
+  do this on XLA:CPU. Elsewhere a conditional may cost a host round trip,
+  so callers use it on CPU only (`on_cpu`).
+  """
+  shapes = jax.eval_shape(fn)
+  return lax.cond(token >= 0, fn, lambda: jax.tree.map(
+      lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+
+
+def apart_with(token: jax.Array | None
+               ) -> Callable[[Callable[[], Any]], Any] | None:
+  """``fn -> apart(fn, token)``, the codec's ``materialize`` argument; None
+  (compute in place) when ``token`` is None."""
+  if token is None:
+    return None
+  return lambda fn: apart(fn, token)
+
+
+def token() -> jax.Array:
+  """A non-negative int32 scalar for `apart` outside a loop: zero, behind
+  an optimization barrier, which the compiler does not fold through (a
+  plain constant would let it decide the conditional and inline it)."""
+  return lax.optimization_barrier(jnp.int32(0))

@@ -1,0 +1,22 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Second order: Shampoo and SOAP with low-bit statistics.
+
+- `preconditioner`: blocking, eigenbases and inverse roots of the factor
+  statistics.
+- `shampoo`, `soap`: `scale_by_shampoo` and `scale_by_soap`.
+
+Imports the layers below; no other feature. Their drop-ins, with resets,
+are in `dropins.second_order`.
+"""

@@ -1,0 +1,361 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Shardings of optimizer state, derived from the parameters' shardings.
+
+A `QArray` keeps the rank of its parameter (codes: the param's shape,
+4-bit codes with the last axis halved; scales: the last axis divided into
+blocks), so the parameter's ``PartitionSpec`` applies to its codes and to its
+scales unchanged, as long as every sharded axis still divides by its mesh
+axes after blocking and packing. Where it does not, that axis of that buffer
+is replicated (or, with ``strict=True``, a ``ValueError`` says which leaf and
+which axis). On a mesh with ``Explicit`` axes, ``init`` and ``update`` give
+their state exactly these shardings.
+
+``optax.tree_utils.tree_map_params(tx, f, state)`` maps ``f`` over every
+codes and scales buffer of a quantized state, but it can't pair them with a
+tree shaped like the parameters (``tree_map_params(tx, f, state, specs)``):
+a QArray holds two buffers where that tree has one leaf, a pytree structure
+error. With ``is_leaf=optax_q.is_qarray``, ``f`` gets the whole QArray and
+the parameter's leaf, and must give the codes and the scales theirs itself.
+`state_shardings` is the way to derive a quantized state's shardings
+from the parameters'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+
+from optax_q._src.codec import qarray as qarray_lib
+from optax_q._src.core import explicit
+from optax_q._src.core import validation
+from optax_q._src.state import state_tree
+
+
+# State fields that hold a transform's constants, not per-parameter buffers
+# (Muon's Newton-Schulz coefficients): replicated, never stray.
+CONSTANT_FIELDS = ('ns_coeffs',)
+
+
+def _fit(sharding: NamedSharding, shape, *, problems: list[str] | None,
+         what: str) -> NamedSharding:
+  """``sharding``'s spec on ``shape``, replicating axes that don't divide
+  (and, in strict mode, where ``problems`` is a list, saying so there)."""
+  mesh = sharding.mesh
+  spec = tuple(sharding.spec)
+  if len(spec) > len(shape):
+    # A lower-rank leaf in a params-shaped tree (e.g. per-leaf telemetry
+    # scalars): replicated.
+    return NamedSharding(mesh, PartitionSpec(),
+                         memory_kind=sharding.memory_kind)
+  out = []
+  for axis, (dim, axes) in enumerate(zip(shape, spec)):
+    size = explicit.axes_size(mesh, axes)
+    if dim % size == 0:
+      out.append(axes)
+      continue
+    if problems is not None and dim != 1:  # Axes reduced to 1: fine.
+      problems.append(
+          f'{what}: axis {axis} has {dim} entries, which mesh axes {axes!r} '
+          f'(size {size}) do not divide')
+    out.append(None)
+  return NamedSharding(mesh, PartitionSpec(*out),
+                       memory_kind=sharding.memory_kind)
+
+
+def _scale_sharding(leaf, sharding, *, problems, what):
+  if leaf.scale_mode == 'rank1':
+    # Row and column maxima side by side: replicated (they are small).
+    return NamedSharding(sharding.mesh, PartitionSpec(),
+                         memory_kind=sharding.memory_kind)
+  return _fit(sharding, leaf.scale.shape, problems=problems, what=what)
+
+
+def _leaf_sharding(leaf, sharding, *, problems, what):
+  if leaf is None:
+    return None
+  if qarray_lib.is_qarray(leaf):
+    return dataclasses.replace(
+        leaf,
+        codes=_fit(sharding, leaf.codes.shape, problems=problems,
+                   what=f'{what} (codes)'),
+        scale=None if leaf.scale is None else _scale_sharding(
+            leaf, sharding, problems=problems, what=f'{what} (scales)'))
+  if hasattr(leaf, 'shape'):
+    return _fit(sharding, leaf.shape, problems=problems, what=what)
+  return leaf  # MaskedNode and other empty nodes.
+
+
+def qarray_shardings(q: Any, sharding: NamedSharding
+                     ) -> tuple[NamedSharding, NamedSharding | None]:
+  """The shardings of ``q``'s codes and scales (None: unscaled) for a
+  parameter sharded as ``sharding``, as `state_shardings` lays them out
+  (``q``'s buffers may be ``ShapeDtypeStruct``s)."""
+  out = _leaf_sharding(q, sharding, problems=None, what='')
+  return out.codes, out.scale
+
+
+def _is_buffer(x) -> bool:
+  """Whether ``x`` is a per-parameter buffer: a QArray or a float array of
+  rank >= 1 (step counters, keys and telemetry scalars are not)."""
+  if qarray_lib.is_qarray(x):
+    return True
+  return (hasattr(x, 'shape') and hasattr(x, 'dtype') and len(x.shape) >= 1
+          and jnp.issubdtype(x.dtype, jnp.floating))
+
+
+def _describe(x) -> str:
+  if qarray_lib.is_qarray(x):
+    return f'a QArray of shape {x.shape}'
+  return f'a {jnp.dtype(x.dtype).name}{list(x.shape)} array'
+
+
+def _check_param_shardings(param_shardings):
+  """The leaves and their paths, after checking that they can be used."""
+  if param_shardings is None:
+    raise ValueError(
+        'param_shardings is None; pass the parameters\' shardings, a tree of '
+        'jax.sharding.NamedSharding with the parameters\' structure.')
+  flat = jax.tree_util.tree_flatten_with_path(
+      param_shardings, is_leaf=lambda x: x is None)[0]
+  for path, s in flat:
+    if not isinstance(s, NamedSharding):
+      hint = ''
+      if isinstance(s, PartitionSpec):
+        hint = ' Wrap each spec as NamedSharding(mesh, spec).'
+      elif s is None:
+        hint = (' Give every parameter a sharding (NamedSharding(mesh, P()) '
+                'replicates it).')
+      raise ValueError(
+          'param_shardings must be a tree of jax.sharding.NamedSharding, '
+          f'but param_shardings{jax.tree_util.keystr(path)} is {s!r}.'
+          + hint)
+  if not flat:
+    raise ValueError(
+        'param_shardings must be a non-empty tree of '
+        f'jax.sharding.NamedSharding, got {param_shardings!r}.')
+  path0, s0 = flat[0]
+  for path, s in flat[1:]:
+    if s.mesh != s0.mesh:
+      raise ValueError(
+          'All param_shardings must be on one mesh, but '
+          f'param_shardings{jax.tree_util.keystr(path0)} is on {s0.mesh} '
+          f'and param_shardings{jax.tree_util.keystr(path)} on {s.mesh}.')
+  return flat
+
+
+def state_shardings(
+    state: Any,
+    param_shardings: Any,
+    *,
+    strict: bool = False,
+) -> Any:
+  """``NamedSharding``s for every buffer of ``state``, from the params'.
+
+  Every subtree of ``state`` laid out like the parameters (``mu``, ``nu``,
+  ``trace``, masked copies with ``MaskedNode`` holes, a dict of per-
+  parameter statistics, ...) takes the parameters' shardings: a plain array
+  takes its parameter's sharding, a [`QArray`][optax_q.QArray] gives it to its
+  codes and to its scales. A parameter's slot may also hold buffers of other
+  shapes, or a subtree of them (preconditioner factors, say); each takes
+  the parameter's ``PartitionSpec`` axis by axis, the same rule as codes
+  and scales: an axis whose length the mesh axes do not divide is
+  replicated, and a buffer of lower rank than its parameter is replicated
+  whole. Everything else (step counters, telemetry scalars, statistics not
+  keyed by parameter, constants of the transform such as Muon's
+  Newton-Schulz coefficients ``ns_coeffs``) is replicated over the same
+  mesh.
+
+  This is how to derive a quantized state's shardings: Optax's
+  ``tree_map_params`` can't pair a QArray's two buffers with one leaf of a
+  parameter-shaped tree.
+
+  Args:
+    state: The optimizer state, concrete or abstract (from
+      ``jax.eval_shape(tx.init, params)``).
+    param_shardings: A tree of ``jax.sharding.NamedSharding``, all on one
+      mesh, with the parameters' structure (or one ``NamedSharding`` when
+      the parameters are one array).
+    strict: For a layout meant to shard every state buffer as its
+      parameter: instead of replicating quietly, raise one ``ValueError``
+      naming each axis of a state buffer that can't be sharded like its
+      parameter's (a block count, a packed length or a preconditioner grid
+      that the mesh axes do not divide) and each buffer (a QArray or a
+      float array of rank >= 1, not a constant of the transform) outside
+      every subtree laid out like the parameters (buffers of parameters
+      missing from ``param_shardings``). Every optimizer and wrapper of the
+      library passes on a layout whose sharded axes divide. Axes of length
+      1 are not counted: a Shampoo/SOAP grid of one block is replicated
+      without an error (a smaller ``max_preconditioner_dim`` shards it).
+
+  Returns:
+    A tree like ``state`` (QArrays included) with ``NamedSharding`` leaves,
+    for ``jax.jit(..., in_shardings=..., out_shardings=...)`` or
+    ``jax.device_put``.
+
+  Raises:
+    ValueError: ``param_shardings`` is not a non-empty tree of
+      ``NamedSharding`` on one mesh; or no subtree of ``state`` is laid out
+      like it although ``state`` holds buffers (the tree does not match the
+      parameters); ``strict`` is not a bool; or, with ``strict``, as
+      described above.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, optax_q
+    >>> from jax.sharding import NamedSharding, PartitionSpec as P
+    >>> mesh = jax.make_mesh((1,), ('model',))
+    >>> params = {'w': jnp.zeros((8, 256))}
+    >>> tx = optax_q.adamw(1e-3, min_size=0)
+    >>> abstract = jax.eval_shape(tx.init, params)
+    >>> shardings = optax_q.state_shardings(
+    ...     abstract, {'w': NamedSharding(mesh, P(None, 'model'))})
+    >>> shardings[0].inner_state.mu['w'].scale.spec
+    P(None, 'model')
+  """
+  flat = _check_param_shardings(param_shardings)
+  ctx = _Context(
+      jax.tree.structure(param_shardings), [s for _, s in flat],
+      [jax.tree_util.keystr(p) for p, _ in flat],
+      [] if validation.check_bool(strict, 'strict') else None, [], [])
+  out = _visit(state, '', ctx)
+  if ctx.stray and not ctx.matched:
+    _raise_stray(ctx)
+  if ctx.problems or (strict and ctx.stray):
+    _raise_strict(ctx)
+  return out
+
+
+class _Context(NamedTuple):
+  """What `_visit` matches against, and what it found."""
+
+  param_def: Any
+  shardings: list[NamedSharding]
+  names: list[str]  # The parameters' key strings.
+  problems: list[str] | None  # Strict mode: what can't be placed.
+  matched: list[str]  # Paths of the subtrees laid out like the parameters.
+  stray: list[tuple[str, Any]]  # (path, leaf) of buffers outside them.
+
+  @property
+  def single(self) -> bool:
+    return self.param_def.num_nodes == 1  # The params are one array.
+
+
+def _is_leaf(x) -> bool:
+  return qarray_lib.is_qarray(x) or jax.tree_util.all_leaves([x])
+
+
+def _slot_sharding(slot, sharding, *, problems, what):
+  """Shardings of one parameter's slot: a buffer, a QArray or a subtree."""
+  flat, slot_def = jax.tree_util.tree_flatten_with_path(
+      slot, is_leaf=qarray_lib.is_qarray)
+  return slot_def.unflatten([
+      _leaf_sharding(x, sharding, problems=problems,
+                     what=what + jax.tree_util.keystr(p)) for p, x in flat])
+
+
+def _per_parameter(node, ctx: _Context) -> list[Any] | None:
+  """``node``'s slots by parameter, if it is laid out like the params."""
+  try:
+    slots = ctx.param_def.flatten_up_to(node)
+  except (ValueError, TypeError):
+    return None
+  has_buffers = any(
+      qarray_lib.is_qarray(x) or hasattr(x, 'shape')
+      or any(hasattr(y, 'shape') for y in jax.tree.leaves(x))
+      for x in slots)
+  return slots if has_buffers else None
+
+
+def _visit(node, path: str, ctx: _Context):
+  """Shardings of ``node`` at ``path`` (a key string) of the state."""
+  if node is None:
+    return None
+  if ctx.single and _is_leaf(node):
+    ctx.matched.append(path)
+    return _leaf_sharding(node, ctx.shardings[0], problems=ctx.problems,
+                          what=f'state{path}')
+  slots = None if ctx.single or _is_leaf(node) else _per_parameter(node, ctx)
+  if slots is not None:
+    ctx.matched.append(path)
+    return ctx.param_def.unflatten([
+        _slot_sharding(x, s, problems=ctx.problems,
+                       what=f'state{path}{n}')
+        for x, s, n in zip(slots, ctx.shardings, ctx.names)])
+  if state_tree.is_telemetry(node):  # Per-leaf statistics: replicated.
+    rep = NamedSharding(ctx.shardings[0].mesh, PartitionSpec())
+    return jax.tree.map(lambda _: rep, node)
+  if _is_leaf(node):
+    return _replicated(node, path, ctx)
+  children, node_def = jax.tree_util.tree_flatten_with_path(
+      node, is_leaf=lambda y: y is not node)
+  return node_def.unflatten([
+      _visit(c, path + jax.tree_util.keystr(p), ctx) for p, c in children])
+
+
+def _replicated(node, path: str, ctx: _Context):
+  """Replicated shardings for a leaf outside the per-parameter subtrees."""
+  mesh = ctx.shardings[0].mesh
+  rep = NamedSharding(mesh, PartitionSpec())
+  for p, x in jax.tree_util.tree_flatten_with_path(
+      node, is_leaf=qarray_lib.is_qarray)[0]:
+    where = path + jax.tree_util.keystr(p)
+    if _is_buffer(x) and _field(where) not in CONSTANT_FIELDS:
+      ctx.stray.append((where, x))
+  if qarray_lib.is_qarray(node):
+    return dataclasses.replace(
+        node, codes=rep, scale=None if node.scale is None else rep)
+  return jax.tree.map(lambda _: rep, node)
+
+
+def _field(path: str) -> str | None:
+  """The innermost attribute named in a key string (``.mu['w']``: mu)."""
+  fields = re.findall(r'\.(\w+)', path)
+  return fields[-1] if fields else None
+
+
+def _raise_strict(ctx: _Context):
+  """The error of strict mode: every buffer, or axis of one, that the rule
+  does not shard like its parameter."""
+  lines = list(ctx.problems) + [
+      f'state{path} is {_describe(x)}, but it lies outside the subtrees laid '
+      'out like param_shardings '
+      f'({", ".join(f"state{m}" for m in ctx.matched[:3])})'
+      for path, x in ctx.stray]
+  raise ValueError(
+      f'state_shardings(strict=True): {len(lines)} state buffer(s) or '
+      'axes would not be sharded like their parameters:\n'
+      + '\n'.join(f'  {line}' for line in lines) + '\n'
+      'For an axis: pick a block_size (Shampoo and SOAP factors: a '
+      'max_preconditioner_dim) so that the number of blocks divides the mesh '
+      'axes (4-bit codes: half the axis must divide). For a buffer outside '
+      'the parameters\' subtrees: pass the shardings of the parameters the '
+      'state was initialised from. Or pass strict=False to replicate them.')
+
+
+def _raise_stray(ctx: _Context):
+  """The error for buffers when no subtree is laid out like the params."""
+  path, x = ctx.stray[0]
+  names = ctx.names
+  params_like = ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
+  raise ValueError(
+      f'state{path} is {_describe(x)}, but no subtree of the state is laid '
+      f'out like param_shardings, whose leaves are {params_like} '
+      f'({len(names)} in all). Pass the shardings of the parameters the '
+      'state was initialised from, in their structure.')
