@@ -144,17 +144,25 @@ def publish(src: str, out: str) -> None:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--out', default=os.path.join(_ROOT, 'runs',
-                                                    'gpu_check'))
-  parser.add_argument('--revision', default='',
+                                                    'gpu_check'),
+                      help='directory for the result files (default: '
+                      'runs/gpu_check; docs/results for the published ones)')
+  parser.add_argument('--revision', default=None,
                       help='the commit measured, where the copy has no .git')
-  parser.add_argument('--d', type=int, default=1024)
-  parser.add_argument('--layers', type=int, default=24)
-  parser.add_argument('--publish', default='', metavar='DIR',
+  parser.add_argument('--d', type=int, default=1024,
+                      help='model width of the benchmark tree (default: '
+                      '%(default)s)')
+  parser.add_argument('--layers', type=int, default=24,
+                      help='layers of the benchmark tree (default: '
+                      '%(default)s)')
+  parser.add_argument('--publish', default=None, metavar='DIR',
                       help='no measurement: publish the results in DIR')
-  parser.add_argument('--skip-bench', action='store_true')
-  parser.add_argument('--skip-codes', action='store_true')
+  parser.add_argument('--skip-bench', action='store_true',
+                      help='only compare the kernel with the XLA loop')
+  parser.add_argument('--skip-codes', action='store_true',
+                      help='only run the benchmark')
   parser.add_argument('--rows', default='',
-                      help='comma-separated exact row names of bench_step '
+                      help='semicolon-separated exact row names of bench_step '
                       '(default: the 8-bit and 4-bit rows above)')
   args = parser.parse_args(argv)
   os.makedirs(args.out, exist_ok=True)
@@ -196,7 +204,7 @@ def main(argv=None) -> None:
   if args.skip_bench:
     return
   # bench_step's main table, narrowed to these rows (exact names).
-  bench_step.MAIN_ROWS = (frozenset(args.rows.split(',')) if args.rows
+  bench_step.MAIN_ROWS = (frozenset(args.rows.split(';')) if args.rows
                           else BENCH_ROWS)
   bench_step.git_revision = lambda: revision
   bench_step.main(['--d', str(args.d), '--layers', str(args.layers),

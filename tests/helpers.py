@@ -11,11 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Helpers shared by the tests: gradients, jitted runs, tree comparisons.
-
-Import after ``multidevice`` where a module wants 8 simulated devices (that
-one must come before jax).
-"""
+"""Helpers shared by the tests: gradients, jitted runs, tree comparisons."""
 
 from __future__ import annotations
 

@@ -13,13 +13,12 @@
 # limitations under the License.
 """Dynamic bit-widths: statistics, decisions, re-layout, checkpoints, meshes.
 
-The 8-device tests skip where jax started with fewer devices and run again
-in a fresh 8-device process (``multidevice``); the two-process test runs two
-``jax.distributed`` workers of ``adaptive_worker.py`` on localhost.
+The mesh tests run on the 8 simulated devices every test process has
+(``conftest.py``); the two-process test runs two ``jax.distributed`` workers
+of ``adaptive_worker.py`` on localhost.
 """
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import multidevice  # Before jax: asks for 8 CPU devices.
 import helpers  # noqa: E402
 import functools  # noqa: E402
 import tempfile  # noqa: E402
@@ -488,7 +487,6 @@ class MeshTest(parameterized.TestCase):
 
   @parameterized.parameters(AxisType.Auto, AxisType.Explicit)
   def test_sharded_run_matches_unsharded(self, axis_type):
-    multidevice.skip_unless_8_devices(self)
     mesh = jax.make_mesh((4, 2), ('data', 'model'),
                          axis_types=(axis_type, axis_type))
     params = adaptive_worker.params()
@@ -534,8 +532,6 @@ class MeshTest(parameterized.TestCase):
     self.assertLen(jax.tree.leaves(out), len(jax.tree.leaves(
         jax.eval_shape(_tx().init, params))))
 
-  def test_in_8_device_process(self):
-    multidevice.run_in_8_device_process(self, __file__, 'MeshTest')
 
 
 class TwoProcessTest(absltest.TestCase):

@@ -19,7 +19,6 @@ unsharded run bit for bit, on Auto and Explicit meshes.
 """
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import multidevice  # Before jax: asks for 8 CPU devices.
 import helpers  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
@@ -79,7 +78,6 @@ class EcoMeshTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    multidevice.skip_unless_8_devices(self)
 
   @parameterized.named_parameters(
       ('explicit_sr_int8', AxisType.Explicit, 'int8', 'stochastic'),
@@ -125,11 +123,6 @@ class EcoMeshTest(parameterized.TestCase):
     self.assertEqual(w.scale.sharding.spec, P('data', None))
     self.assertEqual(w.codes.addressable_shards[0].data.shape, (32, 128))
 
-
-class SubprocessTest(absltest.TestCase):
-
-  def test_mesh_tests_on_8_devices(self):
-    multidevice.run_in_8_device_process(self, __file__, 'not SubprocessTest')
 
 
 if __name__ == '__main__':

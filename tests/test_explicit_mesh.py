@@ -30,7 +30,6 @@ in a fresh interpreter (as ``test_sharding.py`` does).
 """
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import multidevice  # Before jax: asks for 8 CPU devices.
 import helpers  # noqa: E402
 import functools  # noqa: E402
 
@@ -75,7 +74,6 @@ LAYOUTS = {
 AXIS_TYPES = {'explicit': AxisType.Explicit, 'auto': AxisType.Auto}
 
 
-_skip_unless_8_devices = multidevice.skip_unless_8_devices
 
 
 def _mesh(mesh_name, axis_type):
@@ -177,7 +175,6 @@ class CodecTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    _skip_unless_8_devices(self)
 
   # The default suite: one mesh and axis type, two of the six codecs
   # (explicit codecs also run eagerly in test_eager_on_explicit_mesh); every
@@ -274,7 +271,6 @@ class OptimizerTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    _skip_unless_8_devices(self)
 
   # The default suite: the whole-tree path on explicit axes; the rest is
   # slow. The tiled path on this grid (33 s, the slowest test of the default
@@ -333,11 +329,6 @@ class OptimizerTest(parameterized.TestCase):
           _assert_types_follow(self, p, param_shardings)  # New params.
           _assert_types_follow(self, out[2], param_shardings)  # Updates.
 
-
-class SubprocessTest(absltest.TestCase):
-
-  def test_on_8_devices(self):
-    multidevice.run_in_8_device_process(self, __file__, 'not SubprocessTest')
 
 
 if __name__ == '__main__':

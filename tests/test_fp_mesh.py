@@ -16,7 +16,6 @@ of 8 simulated CPU devices: sharded runs equal the unsharded run bit for
 bit, on Auto and Explicit meshes, the last axis sharded too."""
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import multidevice  # Before jax: asks for 8 CPU devices.
 import helpers  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
@@ -96,7 +95,6 @@ class FpMeshTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    multidevice.skip_unless_8_devices(self)
 
   @parameterized.named_parameters(
       ('auto_all', AxisType.Auto, 'all'),
@@ -128,11 +126,6 @@ class FpMeshTest(parameterized.TestCase):
     self.assertGreater(theirs, 0.0)
     self.assertLess(ours, 1e-5)
 
-
-class SubprocessTest(absltest.TestCase):
-
-  def test_mesh_tests_on_8_devices(self):
-    multidevice.run_in_8_device_process(self, __file__, 'not SubprocessTest')
 
 
 if __name__ == '__main__':

@@ -20,7 +20,6 @@ all modules in one process: if another module initialised the backend first
 them in a fresh process with 8 devices.
 """
 
-import multidevice  # Before jax: asks for 8 CPU devices.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses  # noqa: E402
@@ -89,7 +88,6 @@ class MeshTrainTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    multidevice.skip_unless_8_devices(self)
 
   def reference(self):
     if MeshTrainTest._reference is None:
@@ -161,7 +159,6 @@ class StateShardingTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    multidevice.skip_unless_8_devices(self)
 
   def test_custom_containers_follow_params(self):
     mesh = sharding.make_mesh(2, 4)
@@ -182,12 +179,6 @@ class StateShardingTest(absltest.TestCase):
       state = jax.jit(tx.init, out_shardings=shardings)(params)
       self.assertEqual(state.mu['w'].codes.sharding, spec)
 
-
-class SubprocessTest(absltest.TestCase):
-
-  def test_mesh_tests_on_8_devices(self):
-    multidevice.run_in_8_device_process(
-        self, __file__, 'MeshTrainTest or StateShardingTest')
 
 
 if __name__ == '__main__':

@@ -22,7 +22,6 @@ at init, none traced into a reset.
 """
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import multidevice  # Before jax: asks for 8 CPU devices.
 import itertools  # noqa: E402
 from unittest import mock  # noqa: E402
 
@@ -265,7 +264,6 @@ class MeshInitTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    multidevice.skip_unless_8_devices(self)
 
   def _params(self, mesh):
     params = _params_of(LAYOUTS)
@@ -311,11 +309,6 @@ def _params_of(layouts):
   return {k: jax.random.normal(jax.random.fold_in(key, i), s)
           for i, (k, (s, _)) in enumerate(layouts.items())}
 
-
-class SubprocessTest(absltest.TestCase):
-
-  def test_mesh_tests_on_8_devices(self):
-    multidevice.run_in_8_device_process(self, __file__, 'MeshInitTest')
 
 
 if __name__ == '__main__':

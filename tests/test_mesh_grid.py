@@ -33,7 +33,6 @@ grid, with ECO's mesh tests in test_eco_mesh.py.
 """
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import multidevice  # Before jax: asks for 8 CPU devices.
 
 from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
@@ -144,7 +143,6 @@ class MeshGridTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    multidevice.skip_unless_8_devices(self)
 
   @parameterized.named_parameters(
       (t, n, a, DEFAULT[t]) for t, n, a in GRID if t in DEFAULT)
@@ -156,11 +154,6 @@ class MeshGridTest(parameterized.TestCase):
   def test_sharded_matches_unsharded_slow(self, name, axis_type):
     check_sharded_matches_unsharded(self, name, axis_type)
 
-
-class SubprocessTest(absltest.TestCase):
-
-  def test_mesh_grid_on_8_devices(self):
-    multidevice.run_in_8_device_process(self, __file__, 'MeshGridTest')
 
 
 if __name__ == '__main__':

@@ -23,7 +23,6 @@ checked for ``CASES`` and every other drop-in, wrapper and documented
 composition (``COMPOSITIONS``).
 """
 
-import multidevice  # Before jax: asks for 8 CPU devices.
 import helpers  # noqa: E402
 
 import dataclasses  # noqa: E402
@@ -294,7 +293,6 @@ class ShardedMatrixTest(parameterized.TestCase):
     self._check_sharded(case)
 
   def _check_sharded(self, case):
-    multidevice.skip_unless_8_devices(self)
     tx = _make(case, False)
     params = _params()
     mesh = jax.make_mesh((8,), ('data',))
@@ -472,11 +470,6 @@ class LoopConventionsTest(parameterized.TestCase):
                                float(jnp.linalg.norm(b)),
                                delta=1e-2 * float(jnp.linalg.norm(b)))
 
-
-class SubprocessTest(absltest.TestCase):
-
-  def test_sharded_matrix_on_8_devices(self):
-    multidevice.run_in_8_device_process(self, __file__, 'ShardedMatrixTest')
 
 
 if __name__ == '__main__':

@@ -23,7 +23,6 @@ matmuls), and rounding to 16 levels turns some of those differences into
 a level: that is asserted to come from the plain model.
 """
 
-import multidevice  # Before jax: asks for 8 CPU devices.
 
 import functools  # noqa: E402
 
@@ -81,7 +80,6 @@ class QuantMeshTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    multidevice.skip_unless_8_devices(self)
 
   @parameterized.parameters('off', 'ptq', 'qat')
   def test_data_parallel_gpt_equals_unsharded(self, name):
@@ -172,11 +170,6 @@ class QuantMeshTest(parameterized.TestCase):
                     jax.tree.leaves(inputs(unsharded, tokens)[1])):
       np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
-
-class SubprocessTest(absltest.TestCase):
-
-  def test_mesh_tests_on_8_devices(self):
-    multidevice.run_in_8_device_process(self, __file__, 'not SubprocessTest')
 
 
 if __name__ == '__main__':

@@ -17,7 +17,6 @@ parameters over their axes, and sharded updates agree with unsharded ones
 to float32 rounding."""
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import multidevice  # Before jax: asks for 8 CPU devices.
 import helpers  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
@@ -111,7 +110,6 @@ class SecondOrderMeshTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    multidevice.skip_unless_8_devices(self)
 
   @parameterized.named_parameters(
       ('shampoo_explicit', 'shampoo', AxisType.Explicit))
@@ -196,7 +194,6 @@ class RaggedSoapRunTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    multidevice.skip_unless_8_devices(self)
 
   def test_ragged_run_stays_with_the_unsharded_run(self):
     mesh = jax.make_mesh((4, 2), ('data', 'model'),
@@ -221,11 +218,6 @@ class RaggedSoapRunTest(absltest.TestCase):
     sharded = run(lambda t: jax.device_put(t, sharding))
     self.assertLess(_rel(sharded, run(lambda t: t)), 1e-3)
 
-
-class SubprocessTest(absltest.TestCase):
-
-  def test_mesh_tests_on_8_devices(self):
-    multidevice.run_in_8_device_process(self, __file__, 'not SubprocessTest')
 
 
 if __name__ == '__main__':

@@ -22,7 +22,6 @@ so they always run somewhere.
 """
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import multidevice  # Before jax: asks for 8 CPU devices.
 import helpers  # noqa: E402
 import dataclasses  # noqa: E402
 
@@ -47,7 +46,6 @@ PARAMS = {
 }
 
 
-_skip_unless_8_devices = multidevice.skip_unless_8_devices
 
 
 def _mesh():
@@ -102,7 +100,6 @@ class ShardedUpdateTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    _skip_unless_8_devices(self)
 
   @parameterized.named_parameters(
       ('int4_fp8_stochastic', 'int4', 'fp8_e4m3', 'stochastic'),
@@ -206,7 +203,6 @@ class ExplicitMeshTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    _skip_unless_8_devices(self)
 
   @parameterized.parameters(('int4', 'fp8_e4m3'),
                             ('int8_dynamic', 'int8_dynamic'),
@@ -454,7 +450,6 @@ class StrictModeTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    _skip_unless_8_devices(self)
     self.shardings = {n: NamedSharding(_mesh(), spec)
                       for n, (_, spec) in STRICT_LAYOUT.items()}
 
@@ -513,11 +508,6 @@ class StrictModeTest(parameterized.TestCase):
                      P('data', None))
     self.assertEqual(out[1][0].inner_state.mu['v'].codes.spec, P())
 
-
-class SubprocessTest(absltest.TestCase):
-
-  def test_sharded_tests_on_8_devices(self):
-    multidevice.run_in_8_device_process(self, __file__, 'not SubprocessTest')
 
 
 if __name__ == '__main__':
