@@ -11,18 +11,44 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Every test process runs on 8 simulated CPU devices.
+"""Every test process runs on 8 simulated CPU devices; the slow list.
 
 XLA reads ``--xla_force_host_platform_device_count`` when it first creates
 the CPU backend. pytest imports this file before any test module (in every
 pytest-xdist worker too), so the flag is set before anything imports jax,
 and the mesh tests run in the same processes as all the others: no test
 module sets the flag itself or runs itself again in a subprocess.
+
+``slow_tests.txt`` lists the tests that run only with ``-m slow``, besides
+those marked in their files: the default suite (the README command) keeps
+one fast case of each family, and ``python -m pytest -m slow`` runs the
+rest, so that every assertion runs in one of the two.
 """
 
 import os
+import pathlib
+
+import pytest
 
 FLAG = '--xla_force_host_platform_device_count=8'
 if FLAG not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (
       os.environ.get('XLA_FLAGS', '') + ' ' + FLAG).strip()
+
+SLOW_LIST = pathlib.Path(__file__).with_name('slow_tests.txt')
+
+
+def slow_list() -> set[str]:
+  """The node ids of ``slow_tests.txt`` (comments and blanks left out)."""
+  lines = SLOW_LIST.read_text().splitlines()
+  return {line.split('#')[0].strip() for line in lines} - {''}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  """Marks the listed tests slow, before ``-m`` deselects by marker."""
+  del config  # Unused.
+  listed = slow_list()
+  for item in items:
+    if item.nodeid in listed:
+      item.add_marker(pytest.mark.slow)
