@@ -61,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from optax_q._src.codec import codec as codec_lib
 from optax_q._src.codec import formats as formats_lib
 from optax_q._src.codec import qarray as qarray_lib
 from optax_q._src.core import validation
@@ -225,14 +226,6 @@ def _check_candidate(value: Any, name: str, nonnegative: bool
   return fmt, mode
 
 
-def stored_bits(fmt: Format, mode: str, block_size: int) -> float:
-  """Bits per element of ``fmt`` in ``mode`` at ``block_size``: codes plus
-  block scales (row, tensor and rank-1 scales depend on the shape: not
-  counted)."""
-  scale = {'block': 32.0, 'block_pow2': 8.0}.get(mode, 0.0)
-  return fmt.bits + scale / block_size
-
-
 def _check_ladders(candidates: Any, nonnegative: frozenset[str],
                    block_size: int):
   if candidates is None:
@@ -254,7 +247,8 @@ def _check_ladders(candidates: Any, nonnegative: frozenset[str],
     checked = tuple(
         _check_candidate(c, f'{name}[{i}]', field in nonnegative)
         for i, c in enumerate(ladder))
-    bits = [stored_bits(fmt, mode, block_size) for fmt, mode in checked]
+    bits = [codec_lib.Codec(fmt, mode, block_size).stored_bits
+            for fmt, mode in checked]
     if any(b > a for a, b in zip(bits[1:], bits[:-1])):
       raise ValueError(
           f'{name} must go from fewest to most stored bits, got '
@@ -747,15 +741,9 @@ def _leaf_slots(node: AdaptiveBitsState):
   return out
 
 
-def _scale_mode_for(fmt: Format, mode: str, leaf: QArray) -> str:
-  return 'block' if mode == 'rank1' and leaf.ndim < 2 else mode
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _reencode(q: QArray, fmt: Format, mode: str, block_size: int) -> QArray:
-  return qarray_lib.encode(
-      qarray_lib.decode(q), fmt, scale_mode=mode, block_size=block_size,
-      key=None, dtype=q.dtype)
+@functools.partial(jax.jit, static_argnums=1)
+def _reencode(q: QArray, codec: codec_lib.Codec) -> QArray:
+  return codec.encode(qarray_lib.decode(q), key=None, dtype=q.dtype)
 
 
 def _box_of(x: Any) -> Any:
@@ -768,21 +756,20 @@ def _box_of(x: Any) -> Any:
       jax.tree_util.GetAttrKey('value'),) else None
 
 
-def _convert(q: QArray, fmt: Format, mode: str, block_size: int) -> QArray:
-  """``q`` re-encoded (nearest) in ``fmt``; abstract in, abstract out.
+def _convert(q: QArray, codec: codec_lib.Codec) -> QArray:
+  """``q`` re-encoded (nearest) with ``codec``; abstract in, abstract out.
 
   Boxes around the codes and scales (``nnx.Optimizer`` wraps every state
   array in one) go around the new codes and scales, so that the result can
   be assigned back to the optimizer as it is."""
-  mode = _scale_mode_for(fmt, mode, q)
   boxes = (_box_of(q.codes), _box_of(q.scale))
   plain = dataclasses.replace(q, **{
       f: jax.tree.leaves(b)[0] for f, b in zip(('codes', 'scale'), boxes)
       if b is not None})
   if isinstance(plain.codes, jax.ShapeDtypeStruct):
-    new = jax.eval_shape(lambda x: _reencode(x, fmt, mode, block_size), plain)
+    new = jax.eval_shape(lambda x: _reencode(x, codec), plain)
   else:
-    new = _reencode(plain, fmt, mode, block_size)
+    new = _reencode(plain, codec)
   return dataclasses.replace(new, **{
       f: state_tree.rebox(b, getattr(new, f))
       for f, b in zip(('codes', 'scale'), boxes)
@@ -824,10 +811,11 @@ def _relayout_node(node: AdaptiveBitsState, prefix: str,
       fmt, mode = policy.candidate(field,
                                    int(levels[policy.fields.index(field),
                                               index]))
-    mode = _scale_mode_for(fmt, mode, leaf)
-    if (fmt, mode) == (leaf.fmt, leaf.scale_mode):
+    codec = codec_lib.Codec.for_leaf(fmt, mode, policy.block_size,
+                                     leaf.shape)
+    if (codec.fmt, codec.scale_mode) == (leaf.fmt, leaf.scale_mode):
       continue
-    changes[tuple(path)] = _convert(leaf, fmt, mode, policy.block_size)
+    changes[tuple(path)] = _convert(leaf, codec)
   if not changes:
     return node
   inner = node.inner._replace(

@@ -20,6 +20,9 @@
 - `packing`: 4- and 3-bit codes packed into bytes.
 - `qarray`: the `QArray` container (codes, scales, format, logical shape)
   and its encoder and decoder, for every scale layout.
+- `codec`: `Codec`, one layout (format, scale mode, block size) as a static
+  object: the scale mode a leaf gets, whether it can be tiled, whether its
+  scales are replicated, its bits per element, and its encoder and decoder.
 
 Imports only `core`. Knows no backend: how a value is computed (the CPU
 fusion device, a kernel) is the caller's choice (``materialize``).

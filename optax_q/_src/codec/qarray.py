@@ -130,6 +130,14 @@ class QArray:
     return len(self.shape)
 
   @property
+  def codec(self):
+    """The ``Codec`` (format, scale mode, block size) this array is stored
+    with (internal: ``optax_q._src.codec.codec``)."""
+    # Imported here: the codec module is built on this one.
+    from optax_q._src.codec import codec as codec_lib
+    return codec_lib.Codec(self.fmt, self.scale_mode, self.block_size)
+
+  @property
   def nbytes(self) -> int:
     """Real bytes of the buffers (codes plus scales)."""
     n = nbytes_of(self.codes)

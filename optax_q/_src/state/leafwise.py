@@ -266,8 +266,9 @@ def _tiles_of(lay: Layout, j: int, tile_size: int | None) -> int:
   quantized = [x for _, x, _ in lay.entries(j) if qarray_lib.is_qarray(x)]
   if not quantized:
     return 1
-  modes = {x.scale_mode for x in quantized}
-  if modes & {'tensor', 'rank1'} or modes == {'none'}:
+  codecs = [x.codec for x in quantized]
+  if (any(c.needs_whole_leaf for c in codecs)
+      or all(c.unscaled for c in codecs)):
     # A tensor scale and column maxima need the whole leaf; unscaled codes
     # (bf16) have no block maxima, and the compiler fuses their step
     # without tiles.

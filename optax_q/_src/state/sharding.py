@@ -81,7 +81,7 @@ def _fit(sharding: NamedSharding, shape, *, problems: list[str] | None,
 
 
 def _scale_sharding(leaf, sharding, *, problems, what):
-  if leaf.scale_mode == 'rank1':
+  if leaf.codec.replicated_scales:
     # Row and column maxima side by side: replicated (they are small).
     return NamedSharding(sharding.mesh, PartitionSpec(),
                          memory_kind=sharding.memory_kind)

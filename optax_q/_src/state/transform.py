@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from optax_q._src.codec import codec as codec_lib
 from optax_q._src.codec import formats as formats_lib
 from optax_q._src.codec import qarray as qarray_lib
 from optax_q._src.codec import rounding as rounding_lib
@@ -277,20 +278,16 @@ class StorageConfig:
   def rounding_for(self, field: str | None) -> str:
     return leaf_rounding(self.rounding, field)
 
-  def scale_mode_for(self, path, leaf, fmt: Format, root=None) -> str:
-    """The scale mode of one state leaf stored in ``fmt``.
+  def codec_for(self, path, leaf, fmt: Format, root=None) -> codec_lib.Codec:
+    """The codec of one state leaf stored in ``fmt``.
 
-    A mode per field where ``scale_mode`` is a mapping (unlisted fields: by
-    format); ``'rank1'`` on a leaf of rank < 2 falls back to ``'block'``.
+    A scale mode per field where ``scale_mode`` is a mapping (unlisted
+    fields: by format); see `Codec.for_leaf` for the fallbacks.
     """
     mode = self.scale_mode
     if isinstance(mode, Mapping):
       mode = mode.get(state_tree.field_name(path, root))
-    mode = mode or qarray_lib.default_scale_mode(fmt)
-    if mode == 'rank1' and leaf.ndim < 2:
-      mode = 'block'
-    qarray_lib.check_layout(fmt, mode)
-    return mode
+    return codec_lib.Codec.for_leaf(fmt, mode, self.block_size, leaf.shape)
 
   def key_for(self, count: jax.Array, index: int, field: str | None):
     """The stochastic-rounding key of the leaf at flat ``index``, or None."""
@@ -344,12 +341,11 @@ def plan_leaf(config: StorageConfig, path, leaf, root,
   fmt = config.format_for(path, leaf, root)
   if fmt is None or fmt.is_identity:
     return leaf if box is None else box
-  scale_mode = config.scale_mode_for(path, leaf, fmt, root)
+  codec = config.codec_for(path, leaf, fmt, root)
   if zero and not _sharded_outside_jit(leaf):
-    q = _zeros_like_leaf(leaf, fmt, scale_mode, config.block_size)
+    q = _zeros_like_leaf(leaf, codec)
   else:
-    q = qarray_lib.encode_compiled(leaf, fmt, scale_mode=scale_mode,
-                                   block_size=config.block_size, key=None)
+    q = codec.encode_compiled(leaf, key=None)
   if not fmt.simulated and q.nbytes >= qarray_lib.nbytes_of(leaf):
     # Blocks along a very short last axis (a (n, 1) kernel has one scale
     # per element): the "quantized" leaf would be bigger. Keep it. A
@@ -374,25 +370,22 @@ def _sharded_outside_jit(leaf) -> bool:
   return sharding is not None and len(sharding.device_set) > 1
 
 
-def _zeros_like_leaf(leaf, fmt: Format, scale_mode: str,
-                     block_size: int) -> qarray_lib.QArray:
-  """`qarray.zeros` in ``leaf``'s layout; on a mesh with Explicit axes,
-  its buffers sharded as `state_shardings` lays out the sharding in
+def _zeros_like_leaf(leaf, codec: codec_lib.Codec) -> qarray_lib.QArray:
+  """``codec.zeros`` of ``leaf``'s shape and dtype; on a mesh with Explicit
+  axes, its buffers sharded as `state_shardings` lays out the sharding in
   ``leaf``'s type (the shardings its encoding gets there)."""
   sharding = explicit.type_sharding(leaf)
   shardings = (None, None)
   if sharding is not None:
-    codes, scale = qarray_lib.buffer_shapes(leaf.shape, fmt, scale_mode,
-                                            block_size)
+    codes, scale = codec.buffer_shapes(leaf.shape)
     struct = lambda s: None if s is None else jax.ShapeDtypeStruct(  # noqa: E731
         s, jnp.uint8)
     shardings = sharding_lib.qarray_shardings(qarray_lib.QArray(
-        struct(codes), struct(scale), fmt, tuple(leaf.shape),
-        jnp.dtype(leaf.dtype).name, scale_mode, block_size), sharding)
-  return qarray_lib.zeros(
-      leaf.shape, fmt, scale_mode=scale_mode, block_size=block_size,
-      dtype=leaf.dtype, codes_sharding=shardings[0],
-      scale_sharding=shardings[1])
+        struct(codes), struct(scale), codec.fmt, tuple(leaf.shape),
+        jnp.dtype(leaf.dtype).name, codec.scale_mode, codec.block_size),
+        sharding)
+  return codec.zeros(leaf.shape, leaf.dtype, codes_sharding=shardings[0],
+                     scale_sharding=shardings[1])
 
 
 def _is_zero(v, zeros: set[Any]) -> bool:
