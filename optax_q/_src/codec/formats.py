@@ -576,7 +576,7 @@ def get_format(fmt: str | Format) -> Format:
   return check_format(fmt, 'fmt')
 
 
-def check_format(fmt: Any, name: str) -> Format:
+def check_format(fmt: Any, name: str) -> Format:  # pylint: disable=too-many-branches
   """`get_format`, with errors that name the argument ``name``."""
   if isinstance(fmt, Format):
     return fmt
@@ -658,7 +658,7 @@ def check_second_moment_format(fmt: Any, name: str) -> Format:
   return fmt
 
 
-def unsigned_variant(fmt: str | Format) -> Format:
+def unsigned_variant(fmt: str | Format) -> Format:  # pylint: disable=too-many-return-statements
   """The variant of ``fmt`` used for non-negative states (second moments).
 
   ``int8_dynamic`` becomes the unsigned dynamic map (its sign bit becomes an

@@ -435,7 +435,7 @@ def _reciprocal(scale: jax.Array) -> tuple[jax.Array, jax.Array]:
   return pre, jnp.float32(1.0) / (safe * pre)
 
 
-def _encode_values(
+def _encode_values(  # pylint: disable=too-many-return-statements
     y: jax.Array, fmt: Format, u: jax.Array | None,
     positive: jax.Array | None = None, clipped: bool = False,
 ) -> jax.Array:

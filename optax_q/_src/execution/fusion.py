@@ -18,8 +18,12 @@ value read by several fusions (a tile's new moments: by the block maxima,
 the infinity flags and the encoder; a block's scale: by each of its
 elements in the encoder) is then computed once per reader, or per element.
 `apart` computes such a value once, into buffers of its own. It changes
-where values are computed, never how: the same operations on the same
-inputs, so the same bits.
+where values are computed, not which operations compute them. XLA:CPU may
+still contract a multiply and an add into a fused multiply-add on one side
+of the boundary and not on the other: a rank-3 leaf sharded along its first
+axis of an Explicit mesh (updated without `apart`) gets an update a last
+bit away from the unsharded run's in a few elements
+(``tests/test_properties.py``, ``ExplicitRank3Test``).
 """
 
 from __future__ import annotations
