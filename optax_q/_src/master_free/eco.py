@@ -33,6 +33,7 @@ learning rate and a deterministic quantizer.
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -89,6 +90,18 @@ def _is_moment(x: Any) -> bool:
 def _has_hyperparams(x: Any) -> bool:
   return state_tree.is_namedtuple(x) and isinstance(
       getattr(x, 'hyperparams', None), dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class EcoConfig:
+  """The static settings of one `eco` transform, checked by `eco`."""
+
+  fmt: formats_lib.Format | None  # The weights' format (None: as stored).
+  rounding: str  # 'nearest' or 'stochastic' requantization.
+  variant: str  # One of VARIANTS.
+  decay_factor: bool  # Coefficient times 1 - lr * weight_decay.
+  seed: int  # Of the weights' stochastic rounding.
+  quantizer: Any  # None, or the simulation mode's (w, key) -> w_hat.
 
 
 class _Hyper(NamedTuple):
@@ -230,14 +243,14 @@ def _as_float32(tree: Any) -> Any:
 
 def _check_formats(config, params) -> None:
   """Every quantized parameter is stored in ``weight_format`` (if given)."""
-  if config['fmt'] is None:
+  if config.fmt is None:
     return
   flat = jax.tree_util.tree_flatten_with_path(
       params, is_leaf=qarray_lib.is_qarray)[0]
   for path, p in flat:
-    if qarray_lib.is_qarray(p) and p.fmt != config['fmt']:
+    if qarray_lib.is_qarray(p) and p.fmt != config.fmt:
       raise ValueError(
-          f'weight_format={config["fmt"].name!r}, but parameter '
+          f'weight_format={config.fmt.name!r}, but parameter '
           f'{state_tree.path_str(path)!r} is stored as {p.fmt.name!r}: '
           'quantize_params with the same format, or pass '
           f'weight_format={p.fmt.name!r} (or None to accept each '
@@ -252,7 +265,7 @@ def _init(inner, config, params) -> EcoState:
   # parameters' dtype, keeps b2 = 0.999 (bf16 would round it to 1.0).
   inner_state = inner.init(_as_float32(params))
   error = None
-  if config['variant'] == 'exact':
+  if config.variant == 'exact':
     error = jax.tree.map(
         lambda x: jnp.zeros(x.shape, jnp.float32)
         if _is_quantized(config, x) else None,
@@ -265,7 +278,7 @@ def _is_quantized(config, p) -> bool:
   """Whether parameter ``p`` takes the feedback: a QArray, or any float
   leaf when a ``quantizer`` simulates the weights' format."""
   return qarray_lib.is_qarray(p) or (
-      config['quantizer'] is not None and state_tree.is_float_array(p))
+      config.quantizer is not None and state_tree.is_float_array(p))
 
 
 def _requantize(config, p, w, w_new: jax.Array, key):
@@ -274,7 +287,7 @@ def _requantize(config, p, w, w_new: jax.Array, key):
   if qarray_lib.is_qarray(p):
     q = qarray_lib.encode_like(p, w_new, key=key)
     return q, w_new - qarray_lib.decode(q, jnp.float32)
-  w_hat = jnp.asarray(config['quantizer'](w_new, jax.random.key(key)),
+  w_hat = jnp.asarray(config.quantizer(w_new, jax.random.key(key)),
                       jnp.float32)
   return (w_hat - w).astype(p.dtype), w_new - w_hat
 
@@ -304,7 +317,7 @@ def _feedback(config, inner_state) -> tuple[Any, _Feedback]:
   h = _hyper(inner_state, adam)
   lr = h.learning_rate
   active = jnp.isfinite(lr) & (lr > 0)
-  decay = (1 - lr * h.weight_decay if config['decay_factor']
+  decay = (1 - lr * h.weight_decay if config.decay_factor
            else jnp.float32(1))
   coeff = jnp.where(active, decay / jnp.where(active, lr, jnp.float32(1)),
                     jnp.float32(0))
@@ -321,7 +334,7 @@ def _leaf(config, fb: _Feedback, key, p, w, du, m, nu, err):
   q, e = _requantize(config, p, w, w + du.astype(jnp.float32), key)
   update = weights.NewWeights.of(q) if qarray_lib.is_qarray(p) else q
   m32 = m.astype(jnp.float32)
-  if config['variant'] == 'exact':
+  if config.variant == 'exact':
     if err is None:
       raise ValueError(
           'eco: the state holds no residual for a quantized parameter; '
@@ -329,7 +342,7 @@ def _leaf(config, fb: _Feedback, key, p, w, du, m, nu, err):
     inject = fb.coeff * fb.gain(nu) * (err - e / fb.beta)
     # A step without feedback (learning rate 0) keeps the residual due.
     err = jnp.where(fb.active, e, err + e)
-  elif config['variant'] == 'eco':
+  elif config.variant == 'eco':
     inject = fb.coeff * fb.gain(nu) * (1 - 1 / fb.beta) * e
   else:
     return update, m, None
@@ -377,8 +390,8 @@ def _update(inner, config, updates, state, params=None, **extra_args):
           jnp.asarray(p).dtype), m, None))
       continue
     key = None
-    if config['rounding'] == 'stochastic' or not qarray_lib.is_qarray(p):
-      key = weights.param_key(config['seed'], state.count, i)
+    if config.rounding == 'stochastic' or not qarray_lib.is_qarray(p):
+      key = weights.param_key(config.seed, state.count, i)
     out.append(_leaf(config, fb, key, p, w, du, m, nu, err))
   new_u, new_m, new_err = zip(*out) if out else ((), (), ())
   new_m_tree = treedef.unflatten(list(new_m))
@@ -387,7 +400,7 @@ def _update(inner, config, updates, state, params=None, **extra_args):
   inner_state = jax.tree.map(
       lambda x: moment if _is_moment(x) else x, inner_state,
       is_leaf=_is_moment)
-  error = (treedef.unflatten(list(new_err)) if config['variant'] == 'exact'
+  error = (treedef.unflatten(list(new_err)) if config.variant == 'exact'
            else None)
   return treedef.unflatten(list(new_u)), EcoState(
       count=optax.safe_increment(state.count), inner_state=inner_state,
@@ -496,8 +509,9 @@ def eco(
   if quantizer is not None and not callable(quantizer):
     raise ValueError('quantizer must be None or a callable (w, key) -> '
                      f'w_hat, got {validation.short(quantizer)}.')
-  config = dict(fmt=fmt, rounding=rounding, variant=variant,
-                decay_factor=decay_factor, seed=seed, quantizer=quantizer)
+  config = EcoConfig(fmt=fmt, rounding=rounding, variant=variant,
+                     decay_factor=decay_factor, seed=seed,
+                     quantizer=quantizer)
   return optax.GradientTransformationExtraArgs(
       functools.partial(_init, inner, config),
       functools.partial(_update, inner, config))
