@@ -31,6 +31,7 @@ from optax_q._src.codec.qarray import is_qarray
 from optax_q._src.codec.qarray import QArray
 from optax_q._src.codec.qarray import quantize
 from optax_q._src.dropins.alias import adam
+from optax_q._src.dropins.alias import adam_with_resets
 from optax_q._src.dropins.alias import adamw
 from optax_q._src.dropins.alias import lion
 from optax_q._src.dropins.alias import sgd
@@ -48,7 +49,6 @@ from optax_q._src.master_free.weights import dequantize_params
 from optax_q._src.master_free.weights import fake_quantize_params
 from optax_q._src.master_free.weights import is_linear_kernel
 from optax_q._src.master_free.weights import quantize_params
-from optax_q._src.resets.resets import adam_with_resets
 from optax_q._src.resets.resets import reset_state
 from optax_q._src.resets.resets import reset_where
 from optax_q._src.resets.resets import ResetState

@@ -14,7 +14,8 @@
 """Drop-ins: the optimizers users call, built from the layers below.
 
 - `alias`: `adamw`, `adam`, `lion`, `sgd` (formats plus one storage
-  config around an Optax transform; resets and adaptive bits as wrappers).
+  config around an Optax transform; resets and adaptive bits as wrappers)
+  and `adam_with_resets`, their moments with resets.
 - `muon`: Muon with quantized momentum.
 - `second_order`: `shampoo` and `soap` (stored state, resets, weight decay).
 

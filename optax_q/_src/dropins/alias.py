@@ -135,9 +135,116 @@ def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
     return _wrap(
         optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                             nesterov=nesterov), formats, **storage)
-  return resets.adam_with_resets(
+  return adam_with_resets(
       reset_every=reset_every, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
       nesterov=nesterov, formats=formats, **storage)
+
+def adam_with_resets(
+    reset_every: Any,
+    *,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    eps_root: float = 0.0,
+    nesterov: bool = False,
+    formats: Mapping[str, Any] | None = None,
+    rounding: str = 'stochastic',
+    block_size: int | None = None,
+    seed: int | None = None,
+    min_size: int | None = None,
+    scale_mode: str | Mapping[str, str] | None = None,
+    decay: float | None = None,
+    s0: float = 0.6,
+    track_stalls: bool = False,
+    kernel: str = 'auto',
+) -> optax.GradientTransformationExtraArgs:
+  r"""Adam's quantized moments with periodic, asymmetric or adaptive resets.
+
+  ``reset_state(quantize_state(scale_by_adam_local_age(...), formats), ...)``:
+  the moment transform behind ``optax_q.adamw(..., reset_every=...)``. With
+  no moment reset (or a period longer than the run) the updates equal those
+  of ``quantize_state(optax.scale_by_adam(...))`` bit for bit.
+
+  Moments given the same policy (an int, ``'auto'`` or ``'adaptive'`` for
+  both, or equal dict entries) are reset **together**: when the rule fires
+  for either, both moments and both ages restart, so every update after a
+  reset is a fresh Adam step. Moments with different policies are reset
+  separately; then a second moment may restart under an old first moment,
+  and [`scale_by_adam_local_age`][optax_q.scale_by_adam_local_age] clips that
+  update to Adam's bound ``C`` (see there), with a warning at construction.
+
+  Args:
+    reset_every: ``None``, a positive int period for both moments,
+      ``'auto'`` (the stall model's ``K*`` for the format the second moment
+      is stored in and ``b2``, used for both moments), ``'adaptive'``
+      (Algorithm 2 on each moment's measured stall fraction; both moments
+      reset when either rule fires), or a dict such as ``{'nu': 300}`` (the
+      paper's asymmetric FP8 policy: ``mu`` never reset; its updates after
+      a reset are bounded by ``C`` only, see the warning it raises).
+    b1: First-moment decay.
+    b2: Second-moment decay.
+    eps: Added to the denominator.
+    eps_root: Added inside the square root.
+    nesterov: Nesterov momentum.
+    formats: ``{'mu': format, 'nu': format}`` as for
+      [`quantize_state`][optax_q.quantize_state].
+    rounding: ``'nearest'`` or ``'stochastic'``.
+    block_size: Elements per scale along the last axis (None: 128).
+    seed: Seed of the stochastic rounding (None: 0).
+    min_size: Leaves with fewer elements keep float32 state (they are still
+      reset with the rest).
+    scale_mode: How quantized leaves are scaled; None: by format (see
+      [`quantize_state`][optax_q.quantize_state]).
+    decay: `\beta` of the adaptive rule; ``b2`` by default.
+    s0: Staleness tolerance of the adaptive rule.
+    track_stalls: Record per-leaf stalled fractions for
+      [`stall_fraction`][optax_q.stall_fraction] (the adaptive rule does not
+      need them).
+    kernel: ``'auto'``, ``'xla'`` or ``'pallas'``: how the tiled moments
+      are updated (see [`quantize_state`][optax_q.quantize_state]).
+
+  Returns:
+    A gradient transformation whose state is a
+      [`ResetState`][optax_q.ResetState].
+
+  Raises:
+    ValueError: at construction, naming the argument: see
+      [`reset_state`][optax_q.reset_state] and `resolve_reset_every`; with
+      ``'adaptive'`` and no ``decay``, ``b2`` must lie in ``(0, 1)``.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, optax_q
+    >>> tx = optax.chain(
+    ...     optax_q.adam_with_resets(
+    ...         300, formats={'mu': 'fp8_e4m3', 'nu': 'fp8_e4m3'}, min_size=0),
+    ...     optax.scale(-1e-3))
+    >>> state = tx.init({'w': jnp.zeros((4, 128))})
+    >>> state[0].ages
+    {'mu': Array(0, dtype=int32), 'nu': Array(0, dtype=int32)}
+
+  References:
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States
+    in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
+    State Resets](https://arxiv.org/abs/2603.16731), 2026
+  """
+  formats = dict(formats or {})
+  nu_format = formats.get('nu')
+  if nu_format is not None:
+    nu_format = formats_lib.get_format(nu_format)
+  periods = resets.resolve_reset_every(
+      reset_every, nu_format, b2, transform.leaf_rounding(rounding, 'nu'),
+      eps, b1=b1)
+  groups = ((resets.ADAM_MOMENTS,) if 'mu' in periods
+            and periods.get('mu') == periods.get('nu') else ())
+  if decay is None:
+    decay = resets.default_decay(b2, resets.ADAPTIVE in periods.values())
+  inner = transform.quantize_state(
+      resets.scale_by_adam_local_age(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
+                              nesterov=nesterov),
+      formats, rounding=rounding, block_size=block_size, seed=seed,
+      min_size=min_size, scale_mode=scale_mode, elementwise=True,
+      track_stalls=track_stalls, kernel=kernel)
+  return resets.reset_state(inner, periods, decay=decay, s0=s0, groups=groups)
 
 
 def adamw(

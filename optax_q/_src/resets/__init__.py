@@ -15,8 +15,9 @@
 
 - `theory`: small pure functions of the stall model (stall probability,
   reset periods, effective precision).
-- `resets`: `reset_state`, `reset_where`, local-age bias correction and
-  `adam_with_resets`.
+- `resets`: `reset_state`, `reset_where` and local-age bias correction
+  (`scale_by_adam_local_age`); `adam_with_resets`, the drop-in's moment
+  transform, is in `dropins.alias`.
 
 Imports the layers below (`core`, `codec`, `state`); no other feature.
 """
