@@ -546,23 +546,27 @@ def quantize_state(
     scale: str | None = None,
     kernel: str = 'auto',
 ) -> optax.GradientTransformationExtraArgs:
-  """Keeps the state of ``inner`` in low-precision formats.
+  r"""Keeps the state of ``inner`` in low-precision formats.
 
   ``update`` decodes the stored state to float32, runs ``inner.update``,
   returns the updates it computed from the float32 state, and encodes the
   new state for storage with the chosen rounding. With block scales, a
-  state leaf ``x`` in a format whose grid ``G`` has largest value ``g_max``
-  is stored, per block ``b`` of ``block_size`` elements along its last
-  axis, as a scale and one code per element:
+  state leaf `x` in a format whose grid `G` has largest value `g_{\max}` is
+  stored, per block `b` of ``block_size`` elements along its last axis, as
+  one scale and one code per element:
 
-    s_b = max_{i in b} |x_i| / g_max
-    c_i = R_G(x_i / s_b)            decoded as  x^_i = s_b * c_i
+  ```tex
+  s_b = \frac{\max_{i \in b} |x_i|}{g_{\max}}, \qquad
+  c_i = R_G\!\left(\frac{x_i}{s_b}\right), \qquad
+  \hat x_i = s_b\, c_i.
+  ```
 
-  ``R_G`` rounds to the nearest value of ``G`` (ties to even), or
-  stochastically to one of the two neighbours ``g- <= y <= g+`` with
-  ``P(g+) = (y - g-) / (g+ - g-)``, so that ``E[x^_i] = x_i``. A step is
-  then ``(u_t, x_t) = inner(g_t, x^_{t-1})``, ``x^_t = Q(x_t)``: the update
-  comes from the decoded state, in float32. Which leaves are
+  `R_G` rounds to the nearest value of `G` (ties to even), or
+  stochastically to one of the two neighbours `g_- \le y \le g_+` with
+  `P(g_+) = (y - g_-)/(g_+ - g_-)`, so that `E[\hat x_i] = x_i`. A step is
+  then `(u_t, x_t) = \mathrm{inner}(g_t, \hat x_{t-1})` and
+  `\hat x_t = Q(x_t)`: the update comes from the decoded state, in float32.
+  Which leaves are
   quantized is decided once, at ``init``: float leaves of the inner state
   that have at least ``min_size`` elements (counted on the global shape, so
   sharding does not change the decision), a format other than ``fp32``, and
