@@ -27,7 +27,6 @@ module created the backend first, the mesh tests skip in this process and
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import os
-import unittest
 
 
 from absl.testing import absltest  # noqa: E402
@@ -229,9 +228,6 @@ class MeshPropertyTest(absltest.TestCase):
     # Keep the axes the mesh divides (the parameter itself must shard).
     spec = P(*[a if a is not None and shape[i] % mesh.shape[a] == 0
                else None for i, a in enumerate(axes)])
-    # A rank-3 leaf sharded along its first axis on an Explicit mesh is a
-    # known defect (ExplicitRank3Test below): its third update differs.
-    hypothesis.assume(not (explicit and len(shape) == 3 and spec[0]))
     tx = _adam(fmt, rounding, block_size=32)
     ref = _run(tx, params, grads)
     psh = {'w': NamedSharding(mesh, spec)}
@@ -245,17 +241,12 @@ class MeshPropertyTest(absltest.TestCase):
 
 
 class ExplicitRank3Test(absltest.TestCase):
-  """A known defect, kept visible: on an Explicit 4 x 2 mesh, a rank-3 leaf
-  sharded along its first axis gets a third update that differs from the
-  unsharded run's in a few elements (not on an Auto mesh, nor for rank 2).
-  The cause: on XLA:CPU the unsharded leaf is updated through the CPU
-  fusion device (``fusion.apart``), which explicitly sharded leaves skip,
-  and XLA contracts Adam's multiply-adds into FMAs differently in the two
-  graphs; with the device switched off the two runs agree bit for bit.
-  When it is fixed, this test fails as an unexpected success: then remove
-  the ``assume`` in ``MeshPropertyTest``."""
+  """A rank-3 leaf sharded along its first axis of an Explicit 4 x 2 mesh
+  gets the unsharded run's updates, bit for bit. (Its third update used to
+  differ in a few elements: explicitly sharded leaves skipped the CPU
+  fusion device, and XLA:CPU contracts Adam's multiply-adds into FMAs
+  differently with and without it.)"""
 
-  @unittest.expectedFailure
   def test_sharded_equals_unsharded(self):
     rng = np.random.default_rng(0)
     params = {'w': jnp.asarray(

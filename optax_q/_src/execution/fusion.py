@@ -18,12 +18,13 @@ value read by several fusions (a tile's new moments: by the block maxima,
 the infinity flags and the encoder; a block's scale: by each of its
 elements in the encoder) is then computed once per reader, or per element.
 `apart` computes such a value once, into buffers of its own. It changes
-where values are computed, not which operations compute them. XLA:CPU may
-still contract a multiply and an add into a fused multiply-add on one side
-of the boundary and not on the other: a rank-3 leaf sharded along its first
-axis of an Explicit mesh (updated without `apart`) gets an update a last
-bit away from the unsharded run's in a few elements
-(``tests/test_properties.py``, ``ExplicitRank3Test``).
+where values are computed, not which operations compute them; but XLA:CPU
+may contract a multiply and an add into a fused multiply-add on one side of
+the boundary and not on the other, so a step with `apart` and one without
+can differ in a last bit. The leafwise pass therefore uses it on every
+leaf on CPU, sharded on an Explicit mesh or not (the skipped branch's zeros
+take the sharding of the values' type), so that sharded and unsharded runs
+agree bit for bit (``tests/test_properties.py``, ``ExplicitRank3Test``).
 """
 
 from __future__ import annotations
@@ -54,7 +55,15 @@ def apart(fn: Callable[[], Any], token: jax.Array) -> Any:
   """
   shapes = jax.eval_shape(fn)
   return lax.cond(token >= 0, fn, lambda: jax.tree.map(
-      lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+      lambda s: jnp.zeros(s.shape, s.dtype, out_sharding=getattr(
+          s, 'sharding', None) if _explicit(s) else None), shapes))
+
+
+def _explicit(s) -> bool:
+  """Whether ``s``'s type holds a sharding on a mesh with Explicit axes."""
+  sharding = getattr(s, 'sharding', None)
+  return (isinstance(sharding, jax.sharding.NamedSharding) and
+          jax.sharding.AxisType.Explicit in sharding.mesh.axis_types)
 
 
 def apart_with(token: jax.Array | None

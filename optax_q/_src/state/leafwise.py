@@ -293,14 +293,12 @@ class _Run(NamedTuple):
     return [self.rounding_for(i) for _, _, i in entries]
 
 
-def _computes_apart(entries, *arrays) -> bool:
+def _computes_apart(entries) -> bool:
   """Whether a parameter's update computes its new moments and block scales
-  apart (`fusion.apart`): on XLA:CPU, with block-scaled codes, and not for
-  arrays sharded along explicit mesh axes (the conditional would need its
-  branches' shardings spelled out; such leaves are never tiled)."""
-  return (fusion.on_cpu() and any(_is_scaled(x) for _, x, _ in entries)
-          and not any(map(_explicitly_sharded, jax.tree.leaves(
-              (arrays, [x for _, x, _ in entries])))))
+  apart (`fusion.apart`): on XLA:CPU, with block-scaled codes, sharded or
+  not (a sharded leaf on an Explicit mesh too, so that its bits are the
+  unsharded run's)."""
+  return fusion.on_cpu() and any(_is_scaled(x) for _, x, _ in entries)
 
 
 def _untiled(run: _Run, lay: Layout, j: int, stalled: dict[int, Any]):
@@ -310,8 +308,7 @@ def _untiled(run: _Run, lay: Layout, j: int, stalled: dict[int, Any]):
   moments) and the blocks' scales are computed apart, as in the tiled loop.
   """
   entries = lay.entries(j)
-  token = (fusion.token()
-           if _computes_apart(entries, lay.grads[j], lay.param(j)) else None)
+  token = fusion.token() if _computes_apart(entries) else None
   call = lambda: run.call(  # noqa: E731
       lay.grads[j], lay.param(j), [x for _, x, _ in entries],
       run.roundings(entries))
