@@ -25,9 +25,11 @@ final parameters, plus one digest per step. Only the public API is used
 (``optax_q`` and ``optax_q.quant``), so the same script runs at any revision
 and two revisions that change no behaviour give the same file.
 
-    python examples/fingerprint.py --out /tmp/before.json
-    python examples/fingerprint.py --out /tmp/after.json   # another revision
-    python examples/fingerprint.py --compare /tmp/before.json /tmp/after.json
+    python examples/fingerprint.py --out runs/fingerprint/before.json
+    # ... at another revision:
+    python examples/fingerprint.py --out runs/fingerprint/after.json
+    python examples/fingerprint.py --compare runs/fingerprint/before.json \
+        runs/fingerprint/after.json
 
 ``--compare`` prints the runs whose digests differ (and which leaves) and
 exits with status 1 if any do, 0 otherwise. ``--quick`` runs a subset
@@ -644,8 +646,11 @@ def make_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       description=__doc__.split('\n\n', maxsplit=1)[0],
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument('--out', default='fingerprint.json',
-                      help='where to write the JSON of digests')
+  parser.add_argument('--out',
+                      default=str(ROOT / 'runs' / 'fingerprint' /
+                                  'fingerprint.json'),
+                      help='where to write the JSON of digests (its folder '
+                      'is made; runs/ is git-ignored)')
   parser.add_argument('--quick', action='store_true',
                       help='run only the quick subset')
   parser.add_argument('--runs', metavar='REGEX', default=None,
@@ -688,6 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
   t = time.perf_counter()
   doc = fingerprint(runs, argv)
+  pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   pathlib.Path(args.out).write_text(json.dumps(doc, indent=1) + '\n')
   errors = [n for n, r in doc['runs'].items() if 'error' in r]
   print(f'{len(runs)} runs in {time.perf_counter() - t:.0f}s '

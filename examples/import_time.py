@@ -40,17 +40,20 @@ _TIMED = ('import time\n'
           'print(time.perf_counter() - t)\n')
 
 
-def import_seconds(module: str) -> float:
-  """Seconds to import ``module`` in a fresh interpreter."""
+def fresh_seconds(code: str) -> float:
+  """The last number ``code`` prints, run in a fresh interpreter with this
+  checkout's optax_q first on ``sys.path`` (installed or not)."""
   env = dict(os.environ)
-  # This checkout's optax_q, whether or not the package is installed (`-c`
-  # puts the working directory first on sys.path: run in the checkout).
   env['PYTHONPATH'] = os.pathsep.join(
       p for p in (str(ROOT), env.get('PYTHONPATH')) if p)
-  out = subprocess.run([sys.executable, '-c', _TIMED.format(module=module)],
-                       env=env, cwd=ROOT, capture_output=True, text=True,
-                       check=True)
+  out = subprocess.run([sys.executable, '-c', code], env=env, cwd=ROOT,
+                       capture_output=True, text=True, check=True)
   return float(out.stdout.split()[-1])
+
+
+def import_seconds(module: str) -> float:
+  """Seconds to import ``module`` in a fresh interpreter."""
+  return fresh_seconds(_TIMED.format(module=module))
 
 
 def make_parser() -> argparse.ArgumentParser:

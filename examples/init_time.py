@@ -26,11 +26,10 @@ of each and its ratio to ``optax.adamw``'s (target: at most 5).
 
 from collections.abc import Sequence
 import argparse
-import os
 import pathlib
 import statistics
-import subprocess
-import sys
+
+import import_time  # pylint: disable=g-bad-import-order
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -60,14 +59,8 @@ print(time.perf_counter() - t)
 
 def init_seconds(make: str, d: int, layers: int) -> float:
   """Seconds of the first ``tx.init`` in a fresh interpreter."""
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      p for p in (str(ROOT), env.get('PYTHONPATH')) if p)
-  code = _TIMED.format(examples=str(ROOT / 'examples'), make=make, d=d,
-                       layers=layers)
-  out = subprocess.run([sys.executable, '-c', code], env=env, cwd=ROOT,
-                       capture_output=True, text=True, check=True)
-  return float(out.stdout.split()[-1])
+  return import_time.fresh_seconds(_TIMED.format(
+      examples=str(ROOT / 'examples'), make=make, d=d, layers=layers))
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from optax_q._src.core import explicit
+
 
 def on_cpu() -> bool:
   """Whether the default backend is XLA:CPU."""
@@ -54,16 +56,11 @@ def apart(fn: Callable[[], Any], token: jax.Array) -> Any:
   so callers use it on CPU only (`on_cpu`).
   """
   shapes = jax.eval_shape(fn)
+  # On an Explicit mesh the skipped branch's zeros take the sharding of the
+  # values' type, as the branches of a conditional must agree.
   return lax.cond(token >= 0, fn, lambda: jax.tree.map(
-      lambda s: jnp.zeros(s.shape, s.dtype, out_sharding=getattr(
-          s, 'sharding', None) if _explicit(s) else None), shapes))
-
-
-def _explicit(s) -> bool:
-  """Whether ``s``'s type holds a sharding on a mesh with Explicit axes."""
-  sharding = getattr(s, 'sharding', None)
-  return (isinstance(sharding, jax.sharding.NamedSharding) and
-          jax.sharding.AxisType.Explicit in sharding.mesh.axis_types)
+      lambda s: jnp.zeros(s.shape, s.dtype,
+                          out_sharding=explicit.type_sharding(s)), shapes))
 
 
 def apart_with(token: jax.Array | None
