@@ -122,11 +122,13 @@ def compare_codes(mu: str, nu: str, rounding: str, steps: int = 5,
 
 def publish(src: str, out: str) -> None:
   """Copies a GPU run's JSON results from ``src`` into ``out``."""
-  for stem in ('gpu_check', 'bench_step_gpu'):
-    path = os.path.join(src, stem + '.json')
-    if not os.path.exists(path):
-      continue
-    with open(path) as f:
+  stems = [stem for stem in ('gpu_check', 'bench_step_gpu')
+           if os.path.exists(os.path.join(src, stem + '.json'))]
+  if not stems:
+    raise SystemExit(f'--publish {src}: no gpu_check.json or '
+                     'bench_step_gpu.json there')
+  for stem in stems:
+    with open(os.path.join(src, stem + '.json')) as f:
       result = json.load(f)
     words = result['command'].split()
     if '--out' in words:
