@@ -38,6 +38,7 @@ import optax_q
 import helpers
 from optax_q._src.codec import rounding as rounding_lib
 from optax_q._src.execution import fusion
+from optax_q._src.execution import tiling
 from optax_q._src.state import leafwise
 
 
@@ -74,11 +75,11 @@ def _pair(inner_fn, formats, rounding, **kwargs):
 class TilingTest(parameterized.TestCase):
 
   def test_num_tiles(self):
-    self.assertEqual(leafwise.num_tiles((64, 384), 4096), 8)
-    self.assertEqual(leafwise.num_tiles((12, 5, 96), 4096), 2)
-    self.assertEqual(leafwise.num_tiles((64, 384), None), 1)
-    self.assertEqual(leafwise.num_tiles((100_000,), 4096), 1)  # rank 1
-    self.assertEqual(leafwise.num_tiles((7, 100_000), 4096), 7)  # rows
+    self.assertEqual(tiling.num_tiles((64, 384), 4096), 8)
+    self.assertEqual(tiling.num_tiles((12, 5, 96), 4096), 2)
+    self.assertEqual(tiling.num_tiles((64, 384), None), 1)
+    self.assertEqual(tiling.num_tiles((100_000,), 4096), 1)  # rank 1
+    self.assertEqual(tiling.num_tiles((7, 100_000), 4096), 7)  # rows
 
   def test_row_tile_index_is_the_global_index(self):
     full = rounding_lib.element_index((12, 4, 5))

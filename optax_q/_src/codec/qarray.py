@@ -673,7 +673,7 @@ def finite_maxima(x: jax.Array, is_inf: jax.Array, axis
   NaN must never reach it), and their kinds are found by reductions of
   their own (boolean: a sharded bitwise-or reduction of integers is not
   implemented on CPU). (One variadic reduction
-  for both was 3x faster on CPU, but it changed how the compiler fused the
+  for both was faster on CPU, but it changed how the compiler fused the
   moment update ahead of it, and with that where it contracted a multiply
   and an add into a fused multiply-add: a sharded run's scales then
   differed from an unsharded run's in their last bit.)

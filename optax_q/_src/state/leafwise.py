@@ -36,9 +36,9 @@ fuses it (decode, moments, update) into its consumer, typically
 ``optax.apply_updates``, as it fuses ``optax.adamw``'s chain, instead of
 the loop writing a float32 update the size of the parameter.
 
-Tile ``t`` of ``T`` holds rows ``t, t + T, t + 2T, ...``: its slice is taken
-along a new unsharded axis of a ``(rows / T, T, ...)`` view, so a leaf
-sharded along its first axis is tiled shard by shard, without gathering.
+This module says what each parameter's update is (decode, inner update,
+encode, per tile); how it runs (how many tiles, a loop or a kernel, the CPU
+fusion device) is the execution layer's `tiling.plan`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from __future__ import annotations
 from collections.abc import Callable
 import dataclasses
 import functools
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -54,8 +53,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from optax_q._src.codec import qarray as qarray_lib
-from optax_q._src.execution import fusion
-from optax_q._src.execution import kernels
+from optax_q._src.execution import tiling
 
 QArray = qarray_lib.QArray
 
@@ -88,31 +86,6 @@ def stall(old: QArray, new: QArray) -> jax.Array:
   if old.size == 0:
     return jnp.zeros((), jnp.float32)
   return qarray_lib.unchanged_count(old, new) / jnp.float32(old.size)
-
-
-def num_tiles(shape: tuple[int, ...], tile_size: int | None) -> int:
-  """Tiles along the first axis for a leaf of ``shape`` (1: no loop).
-
-  The smallest divisor ``T`` of ``shape[0]`` that brings a tile to at most
-  ``tile_size`` elements (``shape[0]`` itself if none does).
-  """
-  size = math.prod(shape)
-  if tile_size is None or len(shape) < 2 or size <= tile_size:
-    return 1
-  rows = shape[0]
-  for t in range(2, rows + 1):
-    if rows % t == 0 and -(-size // t) <= tile_size:
-      return t
-  return rows
-
-
-def _explicitly_sharded(x: Any) -> bool:
-  """Whether ``x`` is traced with a sharding spelled out in its type."""
-  try:
-    spec = jax.typeof(x).sharding.spec
-  except Exception:  # pylint: disable=broad-except
-    return False
-  return any(s is not None for s in spec)
 
 
 def _to_bits(codes: jax.Array) -> jax.Array:
@@ -261,22 +234,25 @@ def shared_slots(lay: Layout) -> list[Any]:
           if leaves is None]
 
 
-def _tiles_of(lay: Layout, j: int, tile_size: int | None) -> int:
-  """How many tiles parameter ``j`` is updated in (1: one call)."""
+def _plan_of(lay: Layout, j: int, tile_size: int | None, *,
+             track_stalls: bool, kernel: str) -> tiling.Plan:
+  """How parameter ``j``'s update runs (`tiling.plan`).
+
+  A tensor scale and column maxima need the whole leaf; unscaled codes
+  (bf16) have no block maxima, and the compiler fuses their step without
+  tiles: neither is tiled.
+  """
   quantized = [x for _, x, _ in lay.entries(j) if qarray_lib.is_qarray(x)]
-  if not quantized:
-    return 1
   codecs = [x.codec for x in quantized]
-  if (any(c.needs_whole_leaf for c in codecs)
-      or all(c.unscaled for c in codecs)):
-    # A tensor scale and column maxima need the whole leaf; unscaled codes
-    # (bf16) have no block maxima, and the compiler fuses their step
-    # without tiles.
-    return 1
-  if any(_explicitly_sharded(x) for x in (lay.grads[j], lay.param(j))
-         if x is not None):
-    return 1
-  return num_tiles(tuple(lay.grads[j].shape), tile_size)
+  return tiling.plan(
+      tuple(lay.grads[j].shape), tile_size=tile_size,
+      tileable=bool(codecs) and not any(c.needs_whole_leaf for c in codecs)
+      and not all(c.unscaled for c in codecs),
+      arrays=[lay.grads[j], lay.param(j)],
+      scaled=any(x.scale is not None for x in quantized),
+      byte_codes=any(jnp.dtype(x.codes.dtype).itemsize == 1
+                     for x in quantized),
+      track_stalls=track_stalls, kernel=kernel)
 
 
 class _Run(NamedTuple):
@@ -286,42 +262,10 @@ class _Run(NamedTuple):
   key_for: Callable[[int], jax.Array | None]
   rounding_for: Callable[[int], str]
   track_stalls: bool
-  kernel: str = 'xla'
-  lowered: dict[Any, bool] | None = None  # ``'auto'``: kernels that lower.
+  lowered: dict[Any, bool]  # ``'auto'``: kernels that lower.
 
   def roundings(self, entries) -> list[str]:
     return [self.rounding_for(i) for _, _, i in entries]
-
-
-def _computes_apart(entries) -> bool:
-  """Whether a parameter's update computes its new moments and block scales
-  apart (`fusion.apart`): on XLA:CPU, with block-scaled codes, sharded or
-  not (a sharded leaf on an Explicit mesh too, so that its bits are the
-  unsharded run's)."""
-  return fusion.on_cpu() and any(_is_scaled(x) for _, x, _ in entries)
-
-
-def _untiled(run: _Run, lay: Layout, j: int, stalled: dict[int, Any]):
-  """Parameter ``j`` in one isolated call; its new state is encoded here.
-
-  Where `_computes_apart`, the call's results (the update and the new
-  moments) and the blocks' scales are computed apart, as in the tiled loop.
-  """
-  entries = lay.entries(j)
-  token = fusion.token() if _computes_apart(entries) else None
-  call = lambda: run.call(  # noqa: E731
-      lay.grads[j], lay.param(j), [x for _, x, _ in entries],
-      run.roundings(entries))
-  u, shaped, rest = call() if token is None else fusion.apart(call, token)
-  new = []
-  for (_, x, i), n in zip(entries, shaped):
-    if qarray_lib.is_qarray(x):
-      n = qarray_lib.encode_like(x, n, key=run.key_for(i),
-                                 materialize=fusion.apart_with(token))
-      if run.track_stalls:
-        stalled[i] = stall(x, n)
-    new.append(n)
-  return u, new, rest
 
 
 def update(
@@ -338,6 +282,10 @@ def update(
     kernel: str = 'xla',
 ) -> tuple[Any, Any, dict[int, jax.Array]] | None:
   """The inner update, one parameter leaf (and tile) at a time.
+
+  A parameter in one call is `isolated`, its new state encoded here (where
+  its plan computes apart, the call's results and the blocks' scales are
+  computed apart, as in the tiled loop); a large one goes by `_tiled`.
 
   Args:
     inner_update: The inner transform's ``update`` (extra-args aware).
@@ -365,8 +313,9 @@ def update(
   lay = plan_layout(updates, old, params)
   if lay is None:
     return None
-  tiles = [_tiles_of(lay, j, tile_size) for j in range(len(lay.grads))]
-  if all(t == 1 for t in tiles) and not any(
+  plans = [_plan_of(lay, j, tile_size, track_stalls=track_stalls,
+                    kernel=kernel) for j in range(len(lay.grads))]
+  if all(p.tiles == 1 for p in plans) and not any(
       map(_is_scaled, jax.tree.leaves(old, is_leaf=qarray_lib.is_qarray))):
     # Only unscaled codes (bf16, fp16) and nothing tiled: the whole-tree
     # path, whose arithmetic is Optax's own (``mu_format='bf16'`` is then
@@ -374,15 +323,28 @@ def update(
     # never tiled, so tiled and untiled runs still agree.
     return None
   run = _Run(functools.partial(isolated, lay, inner_update, extra_args),
-             key_for, rounding_for, track_stalls, kernel, {})
+             key_for, rounding_for, track_stalls, {})
   results, stalled = {}, {}
   # Parameters that are not tiled: one isolated call each; then the large
   # ones, one tiled loop each.
-  for j in sorted(range(len(tiles)), key=lambda j: tiles[j] != 1):
-    if tiles[j] == 1:
-      results[j] = _untiled(run, lay, j, stalled)
-    else:
-      results[j] = _tiled(run, lay, j, tiles[j], stalled)
+  for j in sorted(range(len(plans)), key=lambda j: plans[j].tiles != 1):
+    if plans[j].tiles != 1:
+      results[j] = _tiled(run, lay, j, plans[j], stalled)
+      continue
+    entries = lay.entries(j)
+    (u, shaped, rest), materialize = tiling.computed(
+        lambda: run.call(  # pylint: disable=cell-var-from-loop
+            lay.grads[j], lay.param(j), [x for _, x, _ in entries],
+            run.roundings(entries)), tiling.whole_token(plans[j]))
+    new = []
+    for (_, x, i), n in zip(entries, shaped):
+      if qarray_lib.is_qarray(x):
+        n = qarray_lib.encode_like(x, n, key=run.key_for(i),
+                                   materialize=materialize)
+        if track_stalls:
+          stalled[i] = stall(x, n)
+      new.append(n)
+    results[j] = u, new, rest
   return _reassemble(lay, results) + (stalled,)
 
 
@@ -397,15 +359,6 @@ def _reassemble(lay: Layout, results: dict[int, tuple[Any, list, list]]):
       else next(rest_it) for k in range(len(lay.slots))]
   return (lay.pdef.unflatten([results[j][0] for j in order]),
           lay.sdef.unflatten(new_slots))
-
-
-def _split(x: jax.Array, tiles: int) -> jax.Array:
-  """The ``(rows / tiles, tiles, ...)`` view whose axis 1 indexes tiles."""
-  return x.reshape((x.shape[0] // tiles, tiles) + tuple(x.shape[1:]))
-
-
-def _take(x: jax.Array, t) -> jax.Array:
-  return lax.dynamic_index_in_dim(x, t, axis=1, keepdims=False)
 
 
 def _sources(entries) -> list[Any]:
@@ -423,7 +376,7 @@ def _tile_state(run: _Run, entries, g, p, src, tile_shape, keys, *,
   else its array; ``keys`` the entries' stochastic-rounding keys (None:
   nearest). The tile is rows ``row_offset, row_offset + row_stride, ...``
   of the leaf. With ``apart``, the new moments are computed once, into a
-  tile buffer (see `fusion.apart`), before the block maxima, the infinity
+  tile buffer (`tiling.computed`), before the block maxima, the infinity
   flags and the encoder read them, and so are the blocks' scales before
   the encoder reads them. Returns ``(outputs, unchanged counts)``.
   """
@@ -434,38 +387,26 @@ def _tile_state(run: _Run, entries, g, p, src, tile_shape, keys, *,
       old = QArray(_from_bits(codes, x.codes.dtype), scale, x.fmt,
                    tile_shape, x.dtype, x.scale_mode, x.block_size)
     stored.append(old)
-  inner = lambda: run.call(  # noqa: E731
-      g, p, stored, run.roundings(entries), **call_args)[1]
-  shaped = fusion.apart(inner, row_offset) if apart else inner()
+  shaped, materialize = tiling.computed(
+      lambda: run.call(g, p, stored, run.roundings(entries), **call_args)[1],
+      row_offset if apart else None)
   outs, counts = [], []
   for (_, x, _), q_old, n, key in zip(entries, stored, shaped, keys):
     if not qarray_lib.is_qarray(x):
       outs.append(n)
       continue
     q = qarray_lib.encode_like(q_old, n, key=key, row_stride=row_stride,
-                               row_offset=row_offset,
-                               materialize=fusion.apart_with(
-                                   row_offset if apart else None))
+                               row_offset=row_offset, materialize=materialize)
     outs.append((_to_bits(q.codes), q.scale))
     if run.track_stalls:
       counts.append(qarray_lib.unchanged_count(q_old, q))
   return outs, counts
 
 
-def _tile_step(run: _Run, entries, g_split, p_split, tiles: int,
-               tile_shape, t, src):
-  """Tile ``t`` of the strided split: ``(outputs, counts)``."""
-  return _tile_state(
-      run, entries, _take(g_split, t),
-      None if p_split is None else _take(p_split, t),
-      jax.tree.map(lambda b: _take(b, t), src), tile_shape,
-      [run.key_for(i) for _, _, i in entries], row_stride=tiles,
-      row_offset=t, apart=_computes_apart(entries))
-
-
-def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
+def _tiled(run: _Run, lay: Layout, j: int, plan: tiling.Plan,
            stalled: dict[int, Any]):
-  """Parameter ``j`` in ``tiles`` tiles of rows, by a loop.
+  """Parameter ``j`` in ``plan.tiles`` tiles of rows: by one kernel where
+  the plan has it (`tiling.by_kernel`), else by a loop (`tiling.loop`).
 
   Returns its update, new state leaves and the shared outputs, and records
   stalled fractions in ``stalled``. The update and the shared outputs (step
@@ -473,21 +414,43 @@ def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
   outside the loop, whose state outputs are dropped: it is elementwise, so
   the compiler fuses it into whatever consumes it (``apply_updates``)
   instead of the loop writing it out.
+
+  In the kernel, tiles are contiguous blocks of rows (a grid cell each):
+  the codes are those of the strided loop, as blocks lie inside rows and
+  the rounding bits are drawn at global indices. Interpreted, the kernel's
+  body is compiled with the rest of the step, so it keeps the isolation
+  barrier and, on XLA:CPU, computes the new moments apart as the loop
+  does; compiled on its own, it needs neither.
   """
   g, p, entries = lay.grads[j], lay.param(j), lay.entries(j)
-  shape = tuple(g.shape)
-  bufs, counts = None, []
-  if run.kernel != 'xla' and not run.track_stalls:
-    bufs = _tile_kernel(run, lay, entries, g, p, tiles,
-                        required=run.kernel == 'pallas')
+  shape, tiles = tuple(g.shape), plan.tiles
+  keys = [run.key_for(i) for _, _, i in entries]
+  rows = shape[0] // tiles
+  tile_shape = (rows,) + shape[1:]
+
+  def kernel_step(t, src, read, shared):
+    return _tile_state(
+        run, entries, *read, src, tile_shape, shared[1], row_stride=1,
+        row_offset=t * rows, shared=shared[0], barrier=plan.interpret,
+        apart=plan.interpret and plan.apart)[0]
+
+  # One compile per distinct kernel of the step: parameters of one shape
+  # whose states have the same layout and rounding share it.
+  bufs, counts = tiling.by_kernel(
+      plan, kernel_step, (_sources(entries), (g, p), (shared_slots(lay), keys)),
+      lowered=run.lowered, signature=(tiles, tuple(run.roundings(entries)), tuple(
+          (x.fmt, x.scale_mode, x.block_size, x.dtype)
+          if qarray_lib.is_qarray(x) else None for _, x, _ in entries))), []
   if bufs is None:
-    step = functools.partial(
-        _tile_step, run, entries, _split(g, tiles),
-        None if p is None else _split(p, tiles), tiles,
-        (shape[0] // tiles,) + shape[1:])
-    bufs, counts = _tile_loop(
-        run, entries, step,
-        jax.tree.map(lambda b: _split(b, tiles), _sources(entries)), tiles)
+    g_split = tiling.split(g, tiles)
+    p_split = None if p is None else tiling.split(p, tiles)
+    bufs, counts = tiling.loop(
+        plan, lambda t, src: _tile_state(
+            run, entries, tiling.take(g_split, t),
+            None if p_split is None else tiling.take(p_split, t),
+            jax.tree.map(lambda b: tiling.take(b, t), src), tile_shape, keys,
+            row_stride=tiles, row_offset=t, apart=plan.apart),
+        jax.tree.map(lambda b: tiling.split(b, tiles), _sources(entries)))
   u, _, rest = run.call(g, p, [x for _, x, _ in entries],
                         run.roundings(entries))
   shaped, count_it = [], iter(counts)
@@ -503,96 +466,3 @@ def _tiled(run: _Run, lay: Layout, j: int, tiles: int,
     if run.track_stalls:
       stalled[i] = next(count_it) / jnp.float32(max(x.size, 1))
   return u, shaped, rest
-
-
-def _tile_kernel(run: _Run, lay: Layout, entries, g, p, tiles: int, *,
-                 required: bool):
-  """The new state of a tiled leaf by one Pallas kernel (see `kernels`).
-
-  Tiles are contiguous blocks of rows here (a grid cell each): the codes
-  are those of the strided loop, as blocks lie inside rows and the
-  rounding bits are drawn at global indices. Returns the entries' new
-  (codes bits, scales) or arrays, or None where ``'auto'`` keeps the loop
-  (no accelerator, a mesh, or a kernel that does not lower).
-  """
-  if not required and not kernels.accelerated():
-    return None
-  # Interpreted, the kernel's body is compiled with the rest of the step,
-  # so it keeps the isolation barrier and, on XLA:CPU, computes the new
-  # moments apart as the loop does; compiled on its own, it needs neither.
-  interpret = kernels.interpret()
-  rows = g.shape[0] // tiles
-  tile_shape = (rows,) + tuple(g.shape[1:])
-  keys = [run.key_for(i) for _, _, i in entries]
-  args = (_sources(entries), (g, p), (shared_slots(lay), keys))
-
-  def step(t, src, read, shared):
-    outs, _ = _tile_state(
-        run, entries, *read, src, tile_shape, shared[1], row_stride=1,
-        row_offset=t * rows, shared=shared[0], barrier=interpret,
-        apart=interpret and fusion.on_cpu())
-    return outs
-
-  run_kernel = functools.partial(kernels.tile_map, step, tiles=tiles,
-                                 interpret_mode=interpret)
-  if not required:
-    # One compile per distinct kernel of the step: parameters of one
-    # shape whose states have the same layout and rounding share it.
-    signature = (tiles, tuple(run.roundings(entries)), tuple(
-        (x.fmt, x.scale_mode, x.block_size, x.dtype)
-        if qarray_lib.is_qarray(x) else None for _, x, _ in entries),
-                 jax.tree.structure(args), tuple(
-                     (jnp.shape(a), jnp.result_type(a))
-                     for a in jax.tree.leaves(args)))
-    if signature not in run.lowered:
-      run.lowered[signature] = kernels.lowers(run_kernel, args)
-    if not run.lowered[signature]:
-      return None
-  return run_kernel(*args)
-
-
-def _tile_loop(run: _Run, entries, step, olds, tiles: int):
-  """Runs ``step`` over the tiles: ``(new split buffers, unchanged counts)``.
-
-  Without stall counts the loop carries the old state and overwrites it
-  tile by tile (tile t is read before it is written, and by no other tile).
-  The stall count reads the old tile once more, after the write, and the
-  compiler would then copy the whole buffer on every iteration: with it,
-  the loop reads the old state and fills separate buffers. (256-entry
-  tables, int8_dynamic, once took separate buffers too: their gathers made
-  the in-place loop up to 17% slower on XLA:CPU while each reader of the
-  new moments recomputed them; computed apart, both ways time the same.)
-  """
-  out_shapes, count_shapes = jax.eval_shape(lambda: step(jnp.int32(0), olds))
-  full = lambda s: jnp.zeros(  # noqa: E731
-      (s.shape[0], tiles) + s.shape[1:], s.dtype)
-  in_place = not run.track_stalls
-  own_buffer = fusion.on_cpu() and any(
-      qarray_lib.is_qarray(x) and jnp.dtype(x.codes.dtype).itemsize == 1
-      for _, x, _ in entries)
-  carry0 = (olds if in_place else jax.tree.map(full, out_shapes),
-            [jnp.zeros((), jnp.float32) for _ in count_shapes])
-
-  def body(t, carry):
-    bufs, counts = carry
-    src = bufs if in_place else olds
-    if own_buffer:
-      # The tile's new state computed into a buffer of its own, by fusions
-      # the compiler runs on all cores, and copied into place; fused into
-      # the in-place update it runs on one core (XLA:CPU does not split
-      # in-place fusions). Measured side by side on one 2048 x 2048 leaf:
-      # int4 19.6 -> 15.1 ms (nearest) and 22.9 -> 17.1 ms (stochastic);
-      # with the block scales computed apart and the table search's
-      # gather fused, fp8_e4m3 nearest 13.1 -> 11.5 ms (three runs, 10-12%
-      # each) and int8_dynamic nearest 3-7% (two runs of three). Codes
-      # stored in 16 bits (bf16, and the float grids simulated in bf16)
-      # keep the in-place fusion.
-      outs, new_counts = fusion.apart(lambda: step(t, src), t)
-    else:
-      outs, new_counts = step(t, src)
-    bufs = jax.tree.map(
-        lambda b, v: lax.dynamic_update_index_in_dim(
-            b, v.astype(b.dtype), t, axis=1), bufs, outs)
-    return bufs, [c + n for c, n in zip(counts, new_counts)]
-
-  return lax.fori_loop(0, tiles, body, carry0)

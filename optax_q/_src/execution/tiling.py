@@ -1,0 +1,225 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""How one parameter's update is run: in one call, or in tiles of rows.
+
+The leafwise pass of the state layer says *what* a parameter's update is:
+decode its stored state, run the inner update, encode. This module says
+*how* the machine computes it, and is the one place that knows:
+
+- `plan`: one call, or tiles of whole rows along the first axis (how
+  many); whether the CPU fusion device (`fusion.apart`) computes the new
+  moments and the block scales into buffers of their own; whether a tiled
+  leaf's tiles run as a loop or as one Pallas kernel.
+- `computed`: a value computed as the plan asks, with the ``materialize``
+  function the codec's encoder takes to match.
+- `loop`: the tiles by a ``lax.fori_loop``, written in place or into
+  buffers of their own.
+- `by_kernel`: the tiles by one Pallas kernel (`kernels.tile_map`) where
+  ``kernel`` asks for it, or, for ``'auto'``, where it lowers.
+
+In the loop, tile ``t`` of ``T`` holds rows ``t, t + T, t + 2T, ...``: its
+slice is taken along a new unsharded axis of a ``(rows / T, T, ...)`` view
+(`split`, `take`), so a leaf sharded along its first axis is tiled shard
+by shard, without gathering. In the kernel a tile is a contiguous block of
+rows (a grid cell).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from optax_q._src.execution import fusion
+from optax_q._src.execution import kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """How one parameter's update is computed.
+
+  Attributes:
+    tiles: Tiles of rows along the first axis (1: one call).
+    apart: Compute the new state and the block scales with the CPU fusion
+      device (`fusion.apart`).
+    in_place: The tile loop overwrites the old state (else it reads the old
+      state and fills buffers of its own, as a stall count reads the old
+      tile after the write).
+    own_buffer: Each tile's new state is computed into a buffer of its own
+      and then copied into place (XLA:CPU runs in-place fusions on one
+      core; see the performance page).
+    kernel: ``'xla'`` (the loop), ``'pallas'`` (one kernel, interpreted
+      where none compiles) or ``'auto'`` (the kernel where it lowers).
+    interpret: Whether a kernel runs interpreted (no accelerator).
+  """
+
+  tiles: int
+  apart: bool
+  in_place: bool = True
+  own_buffer: bool = False
+  kernel: str = 'xla'
+  interpret: bool = True
+
+
+def num_tiles(shape: tuple[int, ...], tile_size: int | None) -> int:
+  """Tiles along the first axis for a leaf of ``shape`` (1: no loop).
+
+  The smallest divisor ``T`` of ``shape[0]`` that brings a tile to at most
+  ``tile_size`` elements (``shape[0]`` itself if none does).
+  """
+  size = math.prod(shape)
+  if tile_size is None or len(shape) < 2 or size <= tile_size:
+    return 1
+  rows = shape[0]
+  for t in range(2, rows + 1):
+    if rows % t == 0 and -(-size // t) <= tile_size:
+      return t
+  return rows
+
+
+def explicitly_sharded(x: Any) -> bool:
+  """Whether ``x`` is traced with a sharding spelled out in its type."""
+  try:
+    spec = jax.typeof(x).sharding.spec
+  except Exception:  # pylint: disable=broad-except
+    return False
+  return any(s is not None for s in spec)
+
+
+def plan(shape: tuple[int, ...], *, tile_size: int | None, tileable: bool,
+         arrays: list[Any], scaled: bool, byte_codes: bool,
+         track_stalls: bool, kernel: str) -> Plan:
+  """The plan of one parameter's update.
+
+  Args:
+    shape: The parameter's shape.
+    tile_size: Most elements per tile, or None for no tiling.
+    tileable: Whether its stored state may be encoded tile by tile (no
+      scale needs the whole leaf, and some codes have block scales).
+    arrays: The parameter's gradient and value: a leaf whose sharding is
+      spelled out in its type (an Explicit mesh) is not tiled.
+    scaled: Whether some of its stored state has block scales (on XLA:CPU
+      their new values and scales are then computed apart).
+    byte_codes: Whether some of its codes are one byte wide.
+    track_stalls: Whether unchanged codes are counted (the loop then keeps
+      the old state; no kernel).
+    kernel: ``'xla'``, ``'pallas'`` or ``'auto'`` (`kernels.KERNELS`).
+  """
+  cpu = fusion.on_cpu()
+  tiles = 1
+  if tileable and not any(explicitly_sharded(x) for x in arrays
+                          if x is not None):
+    tiles = num_tiles(shape, tile_size)
+  return Plan(tiles=tiles, apart=cpu and scaled, in_place=not track_stalls,
+              own_buffer=cpu and byte_codes,
+              kernel='xla' if track_stalls else kernel,
+              interpret=kernels.interpret())
+
+
+def computed(fn: Callable[[], Any], token: jax.Array | None):
+  """``fn()``, apart where ``token`` is given (`fusion.apart`).
+
+  Returns:
+    ``(fn(), materialize)``: the value, and the ``materialize`` argument
+    of the codec's encoder that computes its block scales the same way.
+  """
+  value = fn() if token is None else fusion.apart(fn, token)
+  return value, fusion.apart_with(token)
+
+
+def whole_token(p: Plan) -> jax.Array | None:
+  """The token of a one-call update (`computed`): None without `apart`."""
+  return fusion.token() if p.apart else None
+
+
+def split(x: jax.Array, tiles: int) -> jax.Array:
+  """The ``(rows / tiles, tiles, ...)`` view whose axis 1 indexes tiles."""
+  return x.reshape((x.shape[0] // tiles, tiles) + tuple(x.shape[1:]))
+
+
+def take(x: jax.Array, t) -> jax.Array:
+  """Tile ``t`` of a `split` view."""
+  return lax.dynamic_index_in_dim(x, t, axis=1, keepdims=False)
+
+
+def loop(p: Plan, step: Callable[[jax.Array, Any], Any], olds: Any):
+  """Runs ``step`` over the tiles: ``(new split buffers, summed counts)``.
+
+  ``step(t, src)`` returns tile ``t``'s ``(outputs, counts)``, its outputs
+  of the structure of ``olds`` (`split` views). In place, the loop carries
+  the old state and overwrites it tile by tile (tile t is read before it is
+  written, and by no other tile). A stall count reads the old tile once
+  more, after the write, and the compiler would then copy the whole buffer
+  on every iteration: without ``in_place`` the loop reads the old state and
+  fills separate buffers.
+  """
+  out_shapes, count_shapes = jax.eval_shape(lambda: step(jnp.int32(0), olds))
+  full = lambda s: jnp.zeros(  # noqa: E731
+      (s.shape[0], p.tiles) + s.shape[1:], s.dtype)
+  carry0 = (olds if p.in_place else jax.tree.map(full, out_shapes),
+            [jnp.zeros((), jnp.float32) for _ in count_shapes])
+
+  def body(t, carry):
+    bufs, counts = carry
+    src = bufs if p.in_place else olds
+    if p.own_buffer:
+      # Computed by fusions the compiler runs on all cores, then copied
+      # into place; fused into the in-place update it runs on one core.
+      outs, new_counts = fusion.apart(lambda: step(t, src), t)
+    else:
+      outs, new_counts = step(t, src)
+    bufs = jax.tree.map(
+        lambda b, v: lax.dynamic_update_index_in_dim(
+            b, v.astype(b.dtype), t, axis=1), bufs, outs)
+    return bufs, [c + n for c, n in zip(counts, new_counts)]
+
+  return lax.fori_loop(0, p.tiles, body, carry0)
+
+
+def by_kernel(p: Plan, step: Callable[..., Any], args: tuple[Any, Any, Any],
+              *, lowered: dict[Hashable, bool], signature: Hashable):
+  """The tiles by one Pallas kernel, or None where the plan keeps the loop.
+
+  Args:
+    p: The plan (``kernel`` ``'pallas'`` or ``'auto'``).
+    step: ``step(t, carried_tile, read_tile, shared)``, as for
+      `kernels.tile_map`.
+    args: ``(carried, read, shared)`` of `kernels.tile_map`.
+    lowered: ``'auto'``'s cache, per step, of whether a kernel lowers.
+    signature: What makes two kernels of a step the same (one compile
+      each).
+
+  Returns:
+    The new ``carried``, or None (``'auto'`` with no accelerator, under a
+    mesh, or where the kernel does not lower).
+  """
+  required = p.kernel == 'pallas'
+  if p.kernel == 'xla' or (not required and not kernels.accelerated()):
+    return None
+  run_kernel = functools.partial(kernels.tile_map, step, tiles=p.tiles,
+                                 interpret_mode=p.interpret)
+  if not required:
+    key = (signature, jax.tree.structure(args), tuple(
+        (jnp.shape(a), jnp.result_type(a)) for a in jax.tree.leaves(args)))
+    if key not in lowered:
+      lowered[key] = kernels.lowers(run_kernel, args)
+    if not lowered[key]:
+      return None
+  return run_kernel(*args)
