@@ -61,23 +61,6 @@ def check_eigvecs_format(fmt: Any, name: str = 'eigvecs_format'
   return fmt
 
 
-def field_formats(*, mu_format, nu_format, stats_format, eigvecs_format
-                  ) -> dict[str, formats_lib.Format]:
-  """``{field: Format}`` for every stored field (checked)."""
-  stats = formats_lib.check_signed_format(stats_format, 'stats_format')
-  eig = check_eigvecs_format(eigvecs_format)
-  return {
-      'mu': formats_lib.check_signed_format(mu_format, 'mu_format'),
-      'nu': formats_lib.check_second_moment_format(nu_format, 'nu_format'),
-      'stats_l': stats, 'stats_r': stats, 'eigvecs_l': eig, 'eigvecs_r': eig,
-  }
-
-
-def rectify_steps(formats: Mapping[str, formats_lib.Format]) -> int:
-  """One Björck iteration when the bases are stored quantized."""
-  return 0 if all(formats[f].is_identity for f in EIGVECS) else 1
-
-
 def _periods(reset_every: Any, fields: tuple[str, ...]) -> dict[str, Any]:
   """``{field: period}`` of the fields reset (an int for all, or a dict
   keyed by ``'mu'``, ``'nu'`` and ``'stats'``)."""
@@ -107,15 +90,25 @@ def _periods(reset_every: Any, fields: tuple[str, ...]) -> dict[str, Any]:
   return out
 
 
-def build(inner: optax.GradientTransformation, *, learning_rate: Any,
-          weight_decay: Any, weight_decay_mask: Any,
-          formats: dict[str, formats_lib.Format], rounding: str,
-          block_size: Any, seed: Any, min_size: Any, reset_every: Any,
-          beta: Any, track_stalls: bool, has_nu: bool = True,
-          has_eigvals: bool = False
-          ) -> optax.GradientTransformation:
-  """``inner`` stored in ``formats``, maybe reset, then weight decay and
-  the learning rate."""
+def _build(scale_by: Any, transform_args: dict[str, Any], *,
+           learning_rate: Any, weight_decay: Any, weight_decay_mask: Any,
+           mu_format: Any, nu_format: Any, stats_format: Any,
+           eigvecs_format: Any, rounding: str, block_size: Any, seed: Any,
+           min_size: Any, reset_every: Any, track_stalls: bool,
+           has_nu: bool = True, has_eigvals: bool = False
+           ) -> optax.GradientTransformation:
+  """``scale_by(**transform_args)`` stored in the formats, maybe reset, then
+  weight decay and the learning rate."""
+  stats = formats_lib.check_signed_format(stats_format, 'stats_format')
+  eig = check_eigvecs_format(eigvecs_format)
+  formats = {
+      'mu': formats_lib.check_signed_format(mu_format, 'mu_format'),
+      'nu': formats_lib.check_second_moment_format(nu_format, 'nu_format'),
+      'stats_l': stats, 'stats_r': stats, 'eigvecs_l': eig, 'eigvecs_r': eig,
+  }
+  # One Björck iteration when the bases are stored quantized.
+  inner = scale_by(**transform_args, rectify_steps=0 if all(
+      formats[f].is_identity for f in EIGVECS) else 1)
   validation.check_number(learning_rate, 'learning_rate', schedule=True)
   validation.check_number(weight_decay, 'weight_decay')
   rounding = validation.check_rounding(rounding)
@@ -132,6 +125,9 @@ def build(inner: optax.GradientTransformation, *, learning_rate: Any,
       + (EIGVALS if has_eigvals else ()))
   fields = tuple(f for f in MOMENTS + STATISTICS if f in formats)
   periods = _periods(reset_every, fields)
+  beta = transform_args['shampoo_beta']
+  if beta is None:
+    beta = transform_args['b2']
   if periods and not 0 < float(beta) < 1:
     raise ValueError(
         f'reset_every needs the factor statistics\' decay (shampoo_beta, or '
@@ -250,21 +246,20 @@ def shampoo(
     Topollai & Choromanska, [Understanding Quantization of Optimizer States
     in LLM Pre-training](https://arxiv.org/abs/2603.16731), 2026
   """
-  formats = field_formats(
-      mu_format=mu_format, nu_format=nu_format, stats_format=stats_format,
-      eigvecs_format=eigvecs_format)
-  inner = shampoo_lib.scale_by_shampoo(
-      b1, b2, eps, max_preconditioner_dim=max_preconditioner_dim,
-      precondition_frequency=precondition_frequency,
-      shampoo_beta=shampoo_beta, matrix_eps=matrix_eps, grafting=grafting,
-      rectify_steps=rectify_steps(formats))
-  return build(
-      inner, learning_rate=learning_rate, weight_decay=weight_decay,
-      weight_decay_mask=weight_decay_mask, formats=formats,
-      rounding=rounding, block_size=block_size, seed=seed,
-      min_size=min_size, reset_every=reset_every,
-      beta=b2 if shampoo_beta is None else shampoo_beta,
-      track_stalls=track_stalls, has_nu=grafting == 'adam', has_eigvals=True)
+  return _build(
+      shampoo_lib.scale_by_shampoo,
+      dict(b1=b1, b2=b2, eps=eps,
+           max_preconditioner_dim=max_preconditioner_dim,
+           precondition_frequency=precondition_frequency,
+           shampoo_beta=shampoo_beta, matrix_eps=matrix_eps,
+           grafting=grafting),
+      learning_rate=learning_rate, weight_decay=weight_decay,
+      weight_decay_mask=weight_decay_mask, mu_format=mu_format,
+      nu_format=nu_format, stats_format=stats_format,
+      eigvecs_format=eigvecs_format, rounding=rounding, block_size=block_size,
+      seed=seed, min_size=min_size, reset_every=reset_every,
+      track_stalls=track_stalls, has_nu=grafting == 'adam',
+      has_eigvals=True)
 
 
 def soap(
@@ -354,18 +349,15 @@ def soap(
     Topollai & Choromanska, [Understanding Quantization of Optimizer States
     in LLM Pre-training](https://arxiv.org/abs/2603.16731), 2026
   """
-  formats = field_formats(
-      mu_format=mu_format, nu_format=nu_format, stats_format=stats_format,
-      eigvecs_format=eigvecs_format)
-  inner = soap_lib.scale_by_soap(
-      b1, b2, eps, max_preconditioner_dim=max_preconditioner_dim,
-      precondition_frequency=precondition_frequency,
-      shampoo_beta=shampoo_beta,
-      rectify_steps=rectify_steps(formats))
-  return build(
-      inner, learning_rate=learning_rate, weight_decay=weight_decay,
-      weight_decay_mask=weight_decay_mask, formats=formats,
-      rounding=rounding, block_size=block_size, seed=seed,
-      min_size=min_size, reset_every=reset_every,
-      beta=b2 if shampoo_beta is None else shampoo_beta,
+  return _build(
+      soap_lib.scale_by_soap,
+      dict(b1=b1, b2=b2, eps=eps,
+           max_preconditioner_dim=max_preconditioner_dim,
+           precondition_frequency=precondition_frequency,
+           shampoo_beta=shampoo_beta),
+      learning_rate=learning_rate, weight_decay=weight_decay,
+      weight_decay_mask=weight_decay_mask, mu_format=mu_format,
+      nu_format=nu_format, stats_format=stats_format,
+      eigvecs_format=eigvecs_format, rounding=rounding, block_size=block_size,
+      seed=seed, min_size=min_size, reset_every=reset_every,
       track_stalls=track_stalls)

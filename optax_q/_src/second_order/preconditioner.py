@@ -517,18 +517,18 @@ def ages(*counts: jax.Array) -> tuple[jax.Array, ...]:
   return tuple(optax.safe_increment(c) for c in counts)
 
 
-def zero_count() -> jax.Array:
-  return jnp.zeros([], jnp.int32)
-
-
-def eye_tree(params, max_dim: int, side: str):
-  return matrix_tree(params, max_dim,
-                     lambda lay: eye_stack(lay.stats_shape(side)))
-
-
-def zeros_tree(params, max_dim: int, side: str):
-  return matrix_tree(params, max_dim, lambda lay: jnp.zeros(
+def initial_factors(params, max_dim: int) -> dict[str, Any]:
+  """The state fields every blocked optimizer starts alike: zero factor
+  statistics, identity bases, and zero count and local ages."""
+  zero = lambda: jnp.zeros([], jnp.int32)
+  stats = lambda side: matrix_tree(params, max_dim, lambda lay: jnp.zeros(
       lay.stats_shape(side), jnp.float32))
+  eye = lambda side: matrix_tree(params, max_dim,
+                                 lambda lay: eye_stack(lay.stats_shape(side)))
+  return dict(
+      count=zero(), stats_l=stats('l'), stats_r=stats('r'),
+      eigvecs_l=eye('l'), eigvecs_r=eye('r'), count_mu=zero(),
+      count_nu=zero(), count_stats_l=zero(), count_stats_r=zero())
 
 
 def is_refresh(count: jax.Array, frequency: int) -> jax.Array:
@@ -537,10 +537,20 @@ def is_refresh(count: jax.Array, frequency: int) -> jax.Array:
   return count % frequency == 0
 
 
-def as_float32(tree: Any) -> Any:
-  """Every array of ``tree`` in float32 (a stored state may decode to a
-  narrower float, as bf16 does)."""
-  return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+def as_float32(state: Any) -> Any:
+  """``state`` (a NamedTuple) with every array but the counts in float32 (a
+  stored state may decode to a narrower float, as bf16 does)."""
+  return state._replace(**{
+      f: jax.tree.map(lambda x: x.astype(jnp.float32), getattr(state, f))
+      for f in state._fields if f[:5] != 'count'})
+
+
+def unzip(treedef: Any, out: Any, updates: Any) -> list[Any]:
+  """``out``, per-leaf tuples at ``treedef``'s leaves, as one tree per tuple
+  position; the first (the directions) cast to ``updates``' dtypes."""
+  parts = [treedef.unflatten(p) for p in zip(*treedef.flatten_up_to(out))]
+  return [jax.tree.map(lambda n, u: n.astype(u.dtype), parts[0], updates),
+          *parts[1:]]
 
 
 def is_masked(x: Any) -> bool:

@@ -83,17 +83,12 @@ def _init(cfg: pc.Settings, grafting: str, params) -> ScaleByShampooState:
       lambda p: jnp.zeros(p.shape, jnp.float32), params)
   values = lambda side: pc.matrix_tree(params, cfg.max_dim, lambda lay: (
       jnp.zeros(lay.stats_shape(side)[:-1], jnp.float32)))
-  z = pc.zero_count
   return ScaleByShampooState(
-      count=z(), mu=zeros(),
+      mu=zeros(),
       nu=zeros() if grafting == 'adam' else jax.tree.map(
           lambda _: optax.MaskedNode(), params),
-      stats_l=pc.zeros_tree(params, cfg.max_dim, 'l'),
-      stats_r=pc.zeros_tree(params, cfg.max_dim, 'r'),
-      eigvecs_l=pc.eye_tree(params, cfg.max_dim, 'l'),
-      eigvecs_r=pc.eye_tree(params, cfg.max_dim, 'r'),
       eigvals_l=values('l'), eigvals_r=values('r'),
-      count_mu=z(), count_nu=z(), count_stats_l=z(), count_stats_r=z())
+      **pc.initial_factors(params, cfg.max_dim))
 
 
 class _Side(NamedTuple):
@@ -156,8 +151,7 @@ def _matrix(cfg: pc.Settings, grafting: str, refresh, age_stats, g, mu_hat,
 
 def _update(cfg: pc.Settings, grafting: str, updates, state, params=None):
   del params
-  state = state._replace(**{f: pc.as_float32(getattr(state, f))
-                            for f in state._fields if f[:5] != 'count'})
+  state = pc.as_float32(state)
   age_mu, age_nu, age_l, age_r = pc.ages(
       state.count_mu, state.count_nu, state.count_stats_l,
       state.count_stats_r)
@@ -181,11 +175,9 @@ def _update(cfg: pc.Settings, grafting: str, updates, state, params=None):
       leaf, g, mu_hat, target, state.stats_l, state.stats_r,
       state.eigvecs_l, state.eigvecs_r, state.eigvals_l, state.eigvals_r,
       is_leaf=pc.is_masked)
-  treedef = jax.tree.structure(g, is_leaf=pc.is_masked)
-  parts = [treedef.unflatten(p) for p in zip(*treedef.flatten_up_to(out))]
-  new_updates = jax.tree.map(lambda n, u: n.astype(u.dtype), parts[0],
-                             updates)
-  return new_updates, ScaleByShampooState(
+  parts = pc.unzip(jax.tree.structure(g, is_leaf=pc.is_masked), out,
+                   updates)
+  return parts[0], ScaleByShampooState(
       count=optax.safe_increment(state.count), mu=mu, nu=nu,
       stats_l=parts[1], stats_r=parts[2], eigvecs_l=parts[3],
       eigvecs_r=parts[4], eigvals_l=parts[5], eigvals_r=parts[6],

@@ -76,14 +76,8 @@ def _moment_shape(p, max_dim: int):
 def _init(cfg: pc.Settings, params) -> ScaleBySoapState:
   zeros = lambda: jax.tree.map(lambda p: jnp.zeros(
       _moment_shape(p, cfg.max_dim), jnp.float32), params)
-  z = pc.zero_count
-  return ScaleBySoapState(
-      count=z(), mu=zeros(), nu=zeros(),
-      stats_l=pc.zeros_tree(params, cfg.max_dim, 'l'),
-      stats_r=pc.zeros_tree(params, cfg.max_dim, 'r'),
-      eigvecs_l=pc.eye_tree(params, cfg.max_dim, 'l'),
-      eigvecs_r=pc.eye_tree(params, cfg.max_dim, 'r'),
-      count_mu=z(), count_nu=z(), count_stats_l=z(), count_stats_r=z())
+  return ScaleBySoapState(mu=zeros(), nu=zeros(),
+                          **pc.initial_factors(params, cfg.max_dim))
 
 
 class _Block(NamedTuple):
@@ -184,8 +178,7 @@ def _vector(cfg: pc.Settings, count, ages, g, mu, nu):
 
 def _update(cfg: pc.Settings, updates, state, params=None):
   del params
-  state = state._replace(**{f: pc.as_float32(getattr(state, f))
-                            for f in state._fields if f[:5] != 'count'})
+  state = pc.as_float32(state)
   # The first update moves nothing, and the moments' ages stay 0.
   moved = (state.count > 0).astype(jnp.int32)
   age_mu, age_nu = state.count_mu + moved, state.count_nu + moved
@@ -200,11 +193,8 @@ def _update(cfg: pc.Settings, updates, state, params=None):
 
   out = jax.tree.map(leaf, updates, state.mu, state.nu, state.stats_l,
                      state.stats_r, state.eigvecs_l, state.eigvecs_r)
-  treedef = jax.tree.structure(updates)
-  parts = [treedef.unflatten(p) for p in zip(*treedef.flatten_up_to(out))]
-  new_updates = jax.tree.map(lambda n, u: n.astype(u.dtype), parts[0],
-                             updates)
-  return new_updates, ScaleBySoapState(
+  parts = pc.unzip(jax.tree.structure(updates), out, updates)
+  return parts[0], ScaleBySoapState(
       count=optax.safe_increment(state.count), mu=parts[1], nu=parts[2],
       stats_l=parts[3], stats_r=parts[4], eigvecs_l=parts[5],
       eigvecs_r=parts[6], count_mu=age_mu, count_nu=age_nu,
