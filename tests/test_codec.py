@@ -162,5 +162,59 @@ class CodecArraysTest(parameterized.TestCase):
       Codec(fmt_of('int8'), 'block', 4).decode(q)
 
 
+class ShardingsTest(parameterized.TestCase):
+  """``Codec.shardings``: the layout each buffer gets on a mesh, which
+  ``state_shardings`` and ``init`` on an Explicit mesh both ask for."""
+
+  def setUp(self):
+    super().setUp()
+    self.mesh = jax.make_mesh((4, 2), ('data', 'model'))
+    self.param = jax.sharding.NamedSharding(
+        self.mesh, jax.sharding.PartitionSpec('data', 'model'))
+
+  @parameterized.parameters(
+      ('block', 'int8', ('data', 'model')), ('block', 'int4', ('data', 'model')),
+      ('block_pow2', 'nf4', ('data', 'model')),
+      ('row', 'int8', ('data', None)))  # One scale per row: length 1.
+  def test_codes_and_scales_follow_the_parameter(self, mode, name, scales):
+    codec = Codec(fmt_of(name), mode, 32)
+    codes, scale = codec.shardings((16, 256), self.param)
+    self.assertEqual(tuple(codes.spec), ('data', 'model'))
+    self.assertEqual(tuple(scale.spec), scales)
+
+  def test_rank1_scales_are_replicated(self):
+    codes, scale = Codec(fmt_of('int8'), 'rank1').shardings(
+        (16, 256), self.param)
+    self.assertEqual(tuple(codes.spec), ('data', 'model'))
+    self.assertEqual(tuple(scale.spec), ())
+
+  def test_unscaled_has_no_scale_sharding(self):
+    codes, scale = Codec(fmt_of('bf16'), 'none').shardings(
+        (16, 256), self.param)
+    self.assertEqual(tuple(codes.spec), ('data', 'model'))
+    self.assertIsNone(scale)
+
+  def test_an_axis_that_does_not_divide_is_replicated(self):
+    # 3 blocks of 32 along the last axis: 'model' (2) does not divide them.
+    codes, scale = Codec(fmt_of('int8'), 'block', 32).shardings(
+        (16, 96), self.param)
+    self.assertEqual(tuple(codes.spec), ('data', 'model'))
+    self.assertEqual(tuple(scale.spec), ('data', None))
+
+  def test_agrees_with_state_shardings(self):
+    params = {'w': jnp.zeros((16, 256))}
+    tx = optax_q.adamw(1e-3, mu_format='int4', nu_format='int8_dynamic',
+                       min_size=0, block_size=64)
+    state = tx.init(params)
+    out = optax_q.state_shardings(state, {'w': self.param})
+    for q, sharding in ((state[0].inner_state.mu['w'],
+                         out[0].inner_state.mu['w']),
+                        (state[0].inner_state.nu['w'],
+                         out[0].inner_state.nu['w'])):
+      codes, scale = q.codec.shardings(q.shape, self.param)
+      self.assertEqual(sharding.codes, codes)
+      self.assertEqual(sharding.scale, scale)
+
+
 if __name__ == '__main__':
   absltest.main()

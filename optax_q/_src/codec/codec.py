@@ -15,7 +15,7 @@
 
 The other layers ask a codec what they used to decide by comparing scale-mode
 strings: which mode a leaf of a given shape gets, whether a leaf can be
-updated tile by tile, whether its scales shard like the leaf, how many bits
+updated tile by tile, how its codes and scales are sharded, how many bits
 an element takes. The arithmetic stays in `qarray`; a codec only binds a
 layout to it.
 """
@@ -28,9 +28,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 
 from optax_q._src.codec import formats as formats_lib
 from optax_q._src.codec import qarray
+from optax_q._src.core import explicit
 
 Format = formats_lib.Format
 QArray = qarray.QArray
@@ -127,6 +130,26 @@ class Codec:
     logical ``shape``."""
     return qarray.buffer_shapes(shape, self.fmt, self.scale_mode,
                                 self.block_size)
+
+  def shardings(self, shape: tuple[int, ...], sharding: NamedSharding
+                ) -> tuple[NamedSharding, NamedSharding | None]:
+    """Shardings of the codes and the scales (None: unscaled) of an array of
+    logical ``shape`` whose parameter is sharded as ``sharding``.
+
+    Codes and block or row scales follow the parameter's spec axis by axis
+    (blocks lie along the last axis, inside a row, and packed bytes hold
+    neighbours along it), each axis replicated where its mesh axes do not
+    divide the buffer's length there; rank-1 scales are replicated.
+    """
+    codes, scale = self.buffer_shapes(shape)
+    if scale is None:
+      scale_sharding = None
+    elif self.replicated_scales:
+      scale_sharding = NamedSharding(sharding.mesh, PartitionSpec(),
+                                     memory_kind=sharding.memory_kind)
+    else:
+      scale_sharding = explicit.fit(sharding, scale)
+    return explicit.fit(sharding, codes), scale_sharding
 
   def encode(self, x: jax.Array, *, key: jax.Array | None,
              dtype: Any = None, row_stride: int = 1,

@@ -40,6 +40,20 @@ def axes_size(mesh, axes) -> int:
   return math.prod(mesh.shape[a] for a in axes)
 
 
+def fit(sharding: NamedSharding, shape: tuple[int, ...]) -> NamedSharding:
+  """``sharding``'s spec laid on an array of ``shape``, axis by axis: an
+  axis its mesh axes do not divide is replicated, and so is an array of
+  lower rank than the spec (the memory kind is kept)."""
+  mesh, spec = sharding.mesh, tuple(sharding.spec)
+  if len(spec) > len(shape):
+    return NamedSharding(mesh, PartitionSpec(),
+                         memory_kind=sharding.memory_kind)
+  out = [axes if dim % axes_size(mesh, axes) == 0 else None
+         for dim, axes in zip(shape, spec)]
+  return NamedSharding(mesh, PartitionSpec(*out),
+                       memory_kind=sharding.memory_kind)
+
+
 def sharding_of(x: Any) -> NamedSharding | None:
   """The sharding in ``x``'s type, or None where it names no mesh axis."""
   try:

@@ -54,62 +54,36 @@ from optax_q._src.state import state_tree
 CONSTANT_FIELDS = ('ns_coeffs',)
 
 
-def _fit(sharding: NamedSharding, shape, *, problems: list[str] | None,
-         what: str) -> NamedSharding:
-  """``sharding``'s spec on ``shape``, replicating axes that don't divide
-  (and, in strict mode, where ``problems`` is a list, saying so there)."""
-  mesh = sharding.mesh
-  spec = tuple(sharding.spec)
-  if len(spec) > len(shape):
-    # A lower-rank leaf in a params-shaped tree (e.g. per-leaf telemetry
-    # scalars): replicated.
-    return NamedSharding(mesh, PartitionSpec(),
-                         memory_kind=sharding.memory_kind)
-  out = []
-  for axis, (dim, axes) in enumerate(zip(shape, spec)):
-    size = explicit.axes_size(mesh, axes)
-    if dim % size == 0:
-      out.append(axes)
-      continue
-    if problems is not None and dim != 1:  # Axes reduced to 1: fine.
+def _report(sharding: NamedSharding, out: NamedSharding, shape, *,
+            problems: list[str] | None, what: str):
+  """Adds to ``problems`` each axis of ``shape`` that ``out`` replicates
+  where ``sharding`` shards it (axes reduced to length 1 are fine)."""
+  if problems is None or len(sharding.spec) > len(shape):
+    return
+  for axis, (dim, axes, got) in enumerate(
+      zip(shape, sharding.spec, out.spec)):
+    if axes is not None and got is None and dim != 1:
       problems.append(
           f'{what}: axis {axis} has {dim} entries, which mesh axes {axes!r} '
-          f'(size {size}) do not divide')
-    out.append(None)
-  return NamedSharding(mesh, PartitionSpec(*out),
-                       memory_kind=sharding.memory_kind)
-
-
-def _scale_sharding(leaf, sharding, *, problems, what):
-  if leaf.codec.replicated_scales:
-    # Row and column maxima side by side: replicated (they are small).
-    return NamedSharding(sharding.mesh, PartitionSpec(),
-                         memory_kind=sharding.memory_kind)
-  return _fit(sharding, leaf.scale.shape, problems=problems, what=what)
+          f'(size {explicit.axes_size(sharding.mesh, axes)}) do not divide')
 
 
 def _leaf_sharding(leaf, sharding, *, problems, what):
   if leaf is None:
     return None
   if qarray_lib.is_qarray(leaf):
-    return dataclasses.replace(
-        leaf,
-        codes=_fit(sharding, leaf.codes.shape, problems=problems,
-                   what=f'{what} (codes)'),
-        scale=None if leaf.scale is None else _scale_sharding(
-            leaf, sharding, problems=problems, what=f'{what} (scales)'))
+    codes, scale = leaf.codec.shardings(leaf.shape, sharding)
+    _report(sharding, codes, leaf.codes.shape, problems=problems,
+            what=f'{what} (codes)')
+    if scale is not None and not leaf.codec.replicated_scales:
+      _report(sharding, scale, leaf.scale.shape, problems=problems,
+              what=f'{what} (scales)')
+    return dataclasses.replace(leaf, codes=codes, scale=scale)
   if hasattr(leaf, 'shape'):
-    return _fit(sharding, leaf.shape, problems=problems, what=what)
+    out = explicit.fit(sharding, leaf.shape)
+    _report(sharding, out, leaf.shape, problems=problems, what=what)
+    return out
   return leaf  # MaskedNode and other empty nodes.
-
-
-def qarray_shardings(q: Any, sharding: NamedSharding
-                     ) -> tuple[NamedSharding, NamedSharding | None]:
-  """The shardings of ``q``'s codes and scales (None: unscaled) for a
-  parameter sharded as ``sharding``, as `state_shardings` lays them out
-  (``q``'s buffers may be ``ShapeDtypeStruct``s)."""
-  out = _leaf_sharding(q, sharding, problems=None, what='')
-  return out.codes, out.scale
 
 
 def _is_buffer(x) -> bool:

@@ -42,7 +42,6 @@ from optax_q._src.core import explicit
 from optax_q._src.core import validation
 from optax_q._src.execution import kernels
 from optax_q._src.state import leafwise
-from optax_q._src.state import sharding as sharding_lib
 from optax_q._src.state import state_tree
 
 Format = formats_lib.Format
@@ -377,13 +376,7 @@ def _zeros_like_leaf(leaf, codec: codec_lib.Codec) -> qarray_lib.QArray:
   sharding = explicit.type_sharding(leaf)
   shardings = (None, None)
   if sharding is not None:
-    codes, scale = codec.buffer_shapes(leaf.shape)
-    struct = lambda s: None if s is None else jax.ShapeDtypeStruct(  # noqa: E731
-        s, jnp.uint8)
-    shardings = sharding_lib.qarray_shardings(qarray_lib.QArray(
-        struct(codes), struct(scale), codec.fmt, tuple(leaf.shape),
-        jnp.dtype(leaf.dtype).name, codec.scale_mode, codec.block_size),
-        sharding)
+    shardings = codec.shardings(tuple(leaf.shape), sharding)
   return codec.zeros(leaf.shape, leaf.dtype, codes_sharding=shardings[0],
                      scale_sharding=shardings[1])
 
