@@ -13,7 +13,7 @@
 # limitations under the License.
 """The library with its required dependencies alone: jax, optax, numpy.
 
-Run as a script in a fresh interpreter, by ``tests/test_lean_import.py``
+Run as a script in a fresh interpreter, by ``tests/project/test_lean_import.py``
 (with ``--block``: every optional package refused by a meta-path finder, so
 an import of one fails as on a machine without it) and by ``.ci/run`` (in a
 fresh virtual environment where ``pip install .`` installed no extra, with

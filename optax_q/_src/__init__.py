@@ -29,7 +29,7 @@ core                      `core` (argument checks, Explicit-mesh helpers)
 
 Codecs and execution sit side by side: neither imports the other. The
 QAT/PTQ tools are a package of their own, `optax_q.quant`, on top of the
-codecs. `tests/test_layers.py` checks every import against `LAYERS`.
+codecs. `tests/project/test_layers.py` checks every import against `LAYERS`.
 """
 
 # Each sub-package and the sub-packages it may import (besides itself).

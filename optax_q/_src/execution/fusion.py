@@ -24,7 +24,7 @@ the boundary and not on the other, so a step with `apart` and one without
 can differ in a last bit. The leafwise pass therefore uses it on every
 leaf on CPU, sharded on an Explicit mesh or not (the skipped branch's zeros
 take the sharding of the values' type), so that sharded and unsharded runs
-agree bit for bit (``tests/test_properties.py``, ``ExplicitRank3Test``).
+agree bit for bit (``tests/state/test_properties.py``, ``ExplicitRank3Test``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import re
 
 from absl.testing import absltest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / 'docs').rglob('*.md')) + [ROOT / 'README.md']
 _SEPARATOR = re.compile(r'^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$')
 

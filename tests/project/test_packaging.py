@@ -27,7 +27,7 @@ try:
 except ImportError:  # Python 3.10
   tomllib = None
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _pyproject():

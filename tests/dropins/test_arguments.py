@@ -20,7 +20,7 @@ and the message must name the argument. ``GOOD`` lists arguments that must
 still be accepted (NumPy scalars, jax scalars, schedules): each builds and
 runs one jitted update.
 
-``python tests/test_arguments.py`` prints how many rows there are and how
+``python tests/dropins/test_arguments.py`` prints how many rows there are and how
 many of them raise a clear early error.
 """
 

@@ -35,7 +35,7 @@ import pytest
 # pylint: disable=protected-access
 # (argparse has no public API for a parser's actions or its help strings.)
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
 _EXAMPLES = _ROOT / 'examples'
 sys.path.insert(0, str(_EXAMPLES))
 
@@ -57,7 +57,7 @@ def _import(path: pathlib.Path):
     return importlib.import_module(path.stem)
   if path.parent.name == 'models':
     return importlib.import_module(f'models.{path.stem}')
-  # How-tos: by file, as tests/test_howtos.py loads them.
+  # How-tos: by file, as tests/project/test_howtos.py loads them.
   spec = importlib.util.spec_from_file_location(
       f'howto_{path.stem}', path)
   module = importlib.util.module_from_spec(spec)

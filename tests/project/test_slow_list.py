@@ -21,7 +21,7 @@ from absl.testing import absltest
 
 import conftest
 
-TESTS = pathlib.Path(__file__).parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _defined(path: pathlib.Path) -> set[tuple[str, str]]:
@@ -41,7 +41,7 @@ class SlowListTest(absltest.TestCase):
     defined = {}
     for node_id in sorted(conftest.slow_list()):
       file, cls, name = node_id.split('::')
-      path = TESTS.parent / file
+      path = ROOT / file
       if not path.exists():
         missing.append(node_id)
         continue

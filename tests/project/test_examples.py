@@ -39,7 +39,7 @@ import pytest
 
 import optax_q
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
 _EXAMPLES = _ROOT / 'examples'
 sys.path.insert(0, str(_EXAMPLES))
 

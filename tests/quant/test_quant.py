@@ -587,7 +587,7 @@ class PublicApiTest(absltest.TestCase):
     import pathlib  # pylint: disable=g-import-not-at-top
     import re  # pylint: disable=g-import-not-at-top
     self.assertEqual(list(quant.__all__), sorted(quant.__all__))
-    api = (pathlib.Path(__file__).parents[1] / 'docs' / 'api.md').read_text()
+    api = (pathlib.Path(__file__).parents[2] / 'docs' / 'api.md').read_text()
     listed = set(re.findall(r'^::: optax_q\.quant\.(\w+)$', api, flags=re.M))
     self.assertEqual(listed, set(quant.__all__))
     for name in quant.__all__:

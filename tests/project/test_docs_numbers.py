@@ -22,7 +22,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / 'examples'))
 import quoted_results  # noqa: E402  pylint: disable=g-import-not-at-top
 

@@ -23,7 +23,7 @@ from absl.testing import absltest
 import optax_q
 import optax_q.quant
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / 'docs'
 
 

@@ -39,7 +39,7 @@ except ImportError:  # Python 3.10
 
 import lean_worker  # pylint: disable=g-bad-import-order
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / 'optax_q'
 WORKER = pathlib.Path(lean_worker.__file__)
 

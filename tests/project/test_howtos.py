@@ -26,7 +26,7 @@ from absl.testing import parameterized
 import jax
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 HOWTO = ROOT / 'examples' / 'howto'
 
 
