@@ -44,6 +44,7 @@ block's last good basis.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, NamedTuple
 
@@ -460,7 +461,8 @@ def permute(x: jax.Array, order_l: jax.Array, order_r: jax.Array
 # -----------------------------------------------------------------------------
 
 
-class Settings(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class Settings:
   """The checked hyperparameters of a Shampoo or SOAP transform."""
 
   b1: Any
