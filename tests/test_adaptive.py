@@ -22,7 +22,7 @@ of ``adaptive_worker.py`` on localhost.
 import helpers  # noqa: E402
 import functools  # noqa: E402
 import tempfile  # noqa: E402
-from typing import NamedTuple  # noqa: E402
+from typing import Any, NamedTuple  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
@@ -160,8 +160,9 @@ class ArgumentsTest(parameterized.TestCase):
     _, state, _, _ = _train(tx, params, 8)
     zones = [optax_q.ZONES[z] for z in state[0].stats.zone.tolist()]
     self.assertEqual(zones, ['magnitude', 'redundant', 'structural'])
-    self.assertEqual(optax_q.bit_widths(state)['0/inner/inner_state/mu/calm'],
-                     3.0 + 1.0)  # nf3 with a float32 scale per 32.
+    self.assertEqual(
+        optax_q.bit_widths(state)['0/inner_state/inner_state/mu/calm'],
+        3.0 + 1.0)  # nf3 with a float32 scale per 32.
 
   def test_candidates_the_inner_state_lacks(self):
     with self.assertRaisesRegex(ValueError, r"candidates names .*'trace'"):
@@ -188,7 +189,7 @@ class ArgumentsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'abstract state'):
       optax_q.relayout(jax.eval_shape(tx.init, params))
     with self.assertRaisesRegex(ValueError, 'not adapted leaves'):
-      optax_q.relayout(state, {'opt_state/0/inner/inner_state/mu/big':
+      optax_q.relayout(state, {'opt_state/0/inner_state/inner_state/mu/big':
                                'nf3/block'})
     with self.assertRaisesRegex(ValueError, 'step'):
       optax_q.relayout(state, step=-1)
@@ -295,8 +296,8 @@ class DecisionTest(parameterized.TestCase):
     _, state, _, _ = _train(
         _tx(candidates=ladder, anneal=0.0,
             zone_levels={'magnitude': {'mu': 3, 'nu': 3}}), self._params(), 8)
-    self.assertEqual(optax_q.bit_widths(state)['0/inner/inner_state/mu/big'],
-                     16.0)
+    self.assertEqual(
+        optax_q.bit_widths(state)['0/inner_state/inner_state/mu/big'], 16.0)
 
   def test_commits_only_every_period_times_patience(self):
     tx = _tx(period=3, patience=2, anneal=0.0, margin=0.0)
@@ -353,7 +354,7 @@ class DecisionTest(parameterized.TestCase):
     pa, sa, _, _ = _train(a, params, 1)
     pb, sb, _, _ = _train(b, params, 1, relayout=False)
     helpers.assert_bits_equal(pa, pb)
-    helpers.assert_bits_equal(sa[0].inner.inner_state, sb[0].inner_state)
+    helpers.assert_bits_equal(sa[0].inner_state.inner_state, sb[0].inner_state)
     # Later steps: the two programs fuse differently (the statistics read
     # the gradients too), so float32 results may differ in the last bit and
     # a stochastic rounding flip by one code.
@@ -454,6 +455,89 @@ class CheckpointTest(absltest.TestCase):
     helpers.assert_bits_equal(got_p, want_p)
     helpers.assert_bits_equal(got_s, want_s)
     self.assertEqual(optax_q.bit_layout(got_s), optax_q.bit_layout(want_s))
+
+  def test_checkpoint_saved_under_the_old_field_name(self):
+    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+    params = adaptive_worker.params()
+    tx = _annealed_tx()
+    want_p, want_s, _ = _annealed_run()
+    p, s, _, _ = _train(tx, params, 6)
+    layout = _old_layout(optax_q.bit_layout(s))
+    with tempfile.TemporaryDirectory() as tmp:
+      with ocp.CheckpointManager(tmp) as mgr:
+        mgr.save(6, args=ocp.args.Composite(
+            state=ocp.args.StandardSave({'params': p, 'opt': _old_names(s)}),
+            layout=ocp.args.JsonSave(layout)))
+        mgr.wait_until_finished()
+      with ocp.CheckpointManager(tmp) as mgr:
+        saved = mgr.restore(6, args=ocp.args.Composite(
+            layout=ocp.args.JsonRestore()))['layout']
+        with self.assertWarns(DeprecationWarning):
+          opt = optax_q.relayout(jax.eval_shape(tx.init, params), saved)
+        abstract = {'params': jax.eval_shape(lambda: params), 'opt': opt}
+        # Into today's target it does not restore.
+        with self.assertRaises(ValueError):
+          mgr.restore(6, args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(abstract)))
+        raw = mgr.restore(6, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore()))['state']
+    self.assertIn('inner', raw['opt'][0])
+    restored = ocp.tree.deserialize_tree(optax_q.upgrade_checkpoint(raw),
+                                         abstract)
+    helpers.assert_bits_equal(restored, {'params': p, 'opt': s})
+    got_p, got_s, _, _ = _train(tx, restored['params'], 6, start=6,
+                                state=restored['opt'])
+    helpers.assert_bits_equal(got_p, want_p)
+    helpers.assert_bits_equal(got_s, want_s)
+
+
+class _OldAdaptiveBitsState(NamedTuple):
+  """`AdaptiveBitsState` as it was saved before ``inner`` was renamed."""
+
+  count: Any
+  stats: Any
+  inner: Any
+  policy: Any
+
+
+def _old_names(tree):
+  """``tree`` as earlier versions held it: states with the field ``inner``."""
+  is_node = lambda x: isinstance(x, optax_q.AdaptiveBitsState)
+  return jax.tree.map(
+      lambda x: _OldAdaptiveBitsState(x.count, x.stats, x.inner_state,
+                                      x.policy) if is_node(x) else x,
+      tree, is_leaf=is_node)
+
+
+def _old_layout(layout):
+  return {k.replace('inner_state/inner_state/', 'inner/inner_state/'): v
+          for k, v in layout.items()}
+
+
+class DeprecatedNameTest(absltest.TestCase):
+
+  def test_inner_reads_inner_state_and_warns_at_the_caller(self):
+    state = _tx().init({'w': jnp.zeros((4, 64))})[0]
+    with self.assertWarnsRegex(DeprecationWarning, 'inner_state') as caught:
+      inner = state.inner
+    self.assertIs(inner, state.inner_state)
+    self.assertEqual(caught.filename, __file__)
+
+  def test_layout_of_earlier_versions_is_read_and_warns(self):
+    tx = _tx()
+    state = tx.init({'w': jnp.zeros((4, 64))})
+    layout = {'0/inner_state/inner_state/mu/w': 'nf3/block'}
+    want = optax_q.relayout(state, layout)
+    with self.assertWarnsRegex(DeprecationWarning, 'bit_layout') as caught:
+      got = optax_q.relayout(state, _old_layout(layout))
+    self.assertEqual(caught.filename, __file__)
+    self.assertEqual(optax_q.bit_layout(got), optax_q.bit_layout(want))
+    helpers.assert_bits_equal(got, want)
+
+  def test_upgrade_checkpoint_leaves_other_trees_alone(self):
+    tree = {'inner': {'a': 1}, 'count': 2, 'stats': {'x': [3]},
+            'b': [{'inner_state': 4}]}
+    self.assertEqual(optax_q.upgrade_checkpoint(tree), tree)
 
 
 class NnxTest(absltest.TestCase):
