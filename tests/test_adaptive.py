@@ -20,8 +20,10 @@ of ``adaptive_worker.py`` on localhost.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import helpers  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
 import functools  # noqa: E402
 import tempfile  # noqa: E402
+import warnings  # noqa: E402
 from typing import Any, NamedTuple  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
@@ -150,19 +152,52 @@ class ArgumentsTest(parameterized.TestCase):
        'scale_mode'),
   )
   def test_drop_in_bits_argument(self, kwargs, match):
-    with self.assertRaisesRegex(ValueError, match):
+    with self.assertRaisesRegex(ValueError, match), warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
       optax_q.adamw(1e-3, **kwargs)
 
-  def test_drop_in_adapts(self):
+  def test_explicit_chain_adapts(self):
     params = adaptive_worker.params()
-    tx = optax_q.adamw(1e-2, bits={'period': 2, 'anneal': 0.0},
-                       block_size=32, min_size=0)
+    tx = optax.chain(
+        optax_q.adaptive_bits(
+            optax.scale_by_adam(), elementwise=True, track_stalls=False,
+            block_size=32, min_size=0, period=2, anneal=0.0),
+        optax.add_decayed_weights(1e-4),
+        optax.scale_by_learning_rate(1e-2))
     _, state, _, _ = _train(tx, params, 8)
     zones = [optax_q.ZONES[z] for z in state[0].stats.zone.tolist()]
     self.assertEqual(zones, ['magnitude', 'redundant', 'structural'])
     self.assertEqual(
         optax_q.bit_widths(state)['0/inner_state/inner_state/mu/calm'],
         3.0 + 1.0)  # nf3 with a float32 scale per 32.
+
+  @parameterized.parameters('adamw', 'adam')
+  def test_deprecated_bits_is_the_explicit_chain(self, name):
+    params = adaptive_worker.params()
+    lr, b1, b2, eps, eps_root, wd = 1e-2, 0.8, 0.95, 1e-7, 1e-9, 1e-3
+    bits = {'period': 2, 'anneal': 0.0}
+    storage = dict(block_size=32, min_size=0, seed=3, rounding='stochastic')
+    decay = {'weight_decay': wd} if name == 'adamw' else {}
+    with self.assertWarnsRegex(DeprecationWarning,
+                               r'optax_q\.adaptive_bits\(') as caught:
+      old = getattr(optax_q, name)(lr, b1, b2, eps, eps_root, **decay,
+                                   nesterov=True, bits=bits, **storage)
+    self.assertEqual(caught.filename, __file__)
+    self.assertLen(caught.warnings, 1)
+    new = optax.chain(
+        optax_q.adaptive_bits(
+            optax.scale_by_adam(b1, b2, eps, eps_root, nesterov=True),
+            elementwise=True, track_stalls=False, **storage, **bits),
+        *([optax.add_decayed_weights(wd)] if name == 'adamw' else []),
+        optax.scale_by_learning_rate(lr))
+    self.assertEqual(optax_q.bit_layout(old.init(params)),
+                     optax_q.bit_layout(new.init(params)))
+    p_old, s_old, layouts_old, _ = _train(old, params, 8)
+    p_new, s_new, layouts_new, _ = _train(new, params, 8)
+    helpers.assert_bits_equal(p_new, p_old)
+    helpers.assert_bits_equal(s_new, s_old)
+    self.assertEqual(layouts_new, layouts_old)
+    self.assertNotEqual(layouts_new[0], layouts_new[-1])  # relayout acted.
 
   def test_candidates_the_inner_state_lacks(self):
     with self.assertRaisesRegex(ValueError, r"candidates names .*'trace'"):
@@ -200,6 +235,8 @@ class ArgumentsTest(parameterized.TestCase):
       optax_q.adamw(1e-3, bits='adaptive', mu_format='nf4')
     with self.assertRaisesRegex(ValueError, 'arguments of the optimizer'):
       optax_q.adamw(1e-3, bits={'block_size': 64})
+    with self.assertWarns(DeprecationWarning):  # Warns only when it builds.
+      optax_q.adam(1e-3, bits='adaptive')
 
   def test_bad_inner_raises(self):
     with self.assertRaisesRegex(ValueError, 'inner'):
@@ -546,8 +583,10 @@ class NnxTest(absltest.TestCase):
     from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
     from flax.nnx.training import optimizer as nnx_optimizer  # pylint: disable=g-import-not-at-top,import-outside-toplevel
     model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
-    tx = optax_q.adamw(1e-3, bits={'period': 1, 'patience': 1},
-                       min_size=0, block_size=32)
+    tx = optax.chain(
+        optax_q.adaptive_bits(optax.scale_by_adam(), period=1, patience=1,
+                              min_size=0, block_size=32, elementwise=True),
+        optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(1e-3))
     opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
     @nnx.jit
@@ -565,6 +604,49 @@ class NnxTest(absltest.TestCase):
     self.assertNotEqual(optax_q.bit_layout(opt.opt_state), before)
     step(model, opt, x)  # Runs on the new layout.
     self.assertTrue(bool(jnp.all(jnp.isfinite(model.kernel[...]))))
+
+  def test_nnx_checkpoint_saved_under_the_old_field_name(self):
+    from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    from flax.nnx.training import optimizer as nnx_optimizer  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    tx = _tx(period=1, patience=1)
+
+    def make(layout):
+      model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
+      opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+      new = optax_q.relayout(opt.opt_state, layout)
+      if new is not opt.opt_state:
+        opt.opt_state = nnx.data(nnx_optimizer.to_opt_state(new))
+      return model, opt
+
+    @nnx.jit
+    def step(model, opt, x):
+      grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
+      opt.update(model, grads)
+
+    def old_names(tree):  # The NNX state as earlier versions named it.
+      if isinstance(tree, Mapping):
+        return {('inner' if k == 'inner_state' and 'stats' in tree else k):
+                old_names(v) for k, v in tree.items()}
+      return tree
+
+    x = jnp.ones((4, 64))
+    model, opt = make({})
+    step(model, opt, x)
+    layout = optax_q.bit_layout(opt.opt_state)
+    with tempfile.TemporaryDirectory() as tmp:
+      path = tmp + '/state'
+      helpers.save(path, old_names(nnx.state((model, opt))))
+      with ocp.StandardCheckpointer() as ckptr:
+        raw = ckptr.restore(path)
+    self.assertIn('inner', raw['1']['opt_state']['0'])
+    model2, opt2 = make(layout)
+    nnx.update((model2, opt2), ocp.tree.deserialize_tree(
+        optax_q.upgrade_checkpoint(raw), nnx.state((model2, opt2))))
+    for m, o in ((model, opt), (model2, opt2)):
+      step(m, o, x)
+    helpers.assert_bits_equal(nnx.state((model2, opt2)),
+                              nnx.state((model, opt)))
 
 
 class MeshTest(parameterized.TestCase):

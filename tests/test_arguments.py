@@ -832,8 +832,10 @@ class LaterEarlyChecksTest(absltest.TestCase):
   def test_relayout_result_assigns_into_an_nnx_optimizer(self):
     from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
     model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
-    tx = optax_q.adamw(1e-3, bits={'period': 1, 'patience': 1},
-                       min_size=0, block_size=32)
+    tx = optax.chain(
+        optax_q.adaptive_bits(optax.scale_by_adam(), period=1, patience=1,
+                              min_size=0, block_size=32, elementwise=True),
+        optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(1e-3))
     opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
     @nnx.jit

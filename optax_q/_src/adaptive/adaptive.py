@@ -933,8 +933,7 @@ def _check_adaptive_state(state: Any, func: str) -> None:
       state, is_leaf=lambda x: _is_adaptive(x) or qarray_lib.is_qarray(x))):
     raise ValueError(
         f'{func} needs a state with adaptive bits (an optimizer state holding '
-        'AdaptiveBitsState nodes, from optax_q.adaptive_bits or bits='
-        "'adaptive' / bits={...} of adam and adamw), but state="
+        'AdaptiveBitsState nodes, from optax_q.adaptive_bits), but state='
         f'{validation.short(state)} of type {type(state).__name__} holds '
         'none.')
 
@@ -1059,10 +1058,12 @@ def bit_layout(state: Any) -> dict[str, str]:
     order; empty where the state has no adapted leaf.
 
   Examples:
-    >>> import jax.numpy as jnp, optax_q
-    >>> tx = optax_q.adamw(1e-3, bits='adaptive', min_size=0)
+    >>> import jax.numpy as jnp, optax, optax_q
+    >>> tx = optax.chain(
+    ...     optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0),
+    ...     optax.scale_by_learning_rate(1e-3))
     >>> optax_q.bit_layout(tx.init({'w': jnp.zeros((8, 256))}))
-    {'0/inner/inner_state/mu/w': 'nf4/block', '0/inner/inner_state/nu/w': 'ue4m0/block'}
+    {'0/inner_state/inner_state/mu/w': 'nf4/block', '0/inner_state/inner_state/nu/w': 'ue4m0/block'}
   """
   _check_adaptive_state(state, 'bit_layout')
   out = {}
@@ -1089,10 +1090,12 @@ def bit_widths(state: Any) -> dict[str, float]:
     [`bit_layout`][optax_q.bit_layout] names the leaves.
 
   Examples:
-    >>> import jax.numpy as jnp, optax_q
-    >>> tx = optax_q.adamw(1e-3, bits='adaptive', min_size=0)
+    >>> import jax.numpy as jnp, optax, optax_q
+    >>> tx = optax.chain(
+    ...     optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0),
+    ...     optax.scale_by_learning_rate(1e-3))
     >>> optax_q.bit_widths(tx.init({'w': jnp.zeros((8, 256))}))
-    {'0/inner/inner_state/mu/w': 4.25, '0/inner/inner_state/nu/w': 4.25}
+    {'0/inner_state/inner_state/mu/w': 4.25, '0/inner_state/inner_state/nu/w': 4.25}
   """
   _check_adaptive_state(state, 'bit_widths')
   out = {}
