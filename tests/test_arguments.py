@@ -752,6 +752,8 @@ UNCHECKED = {
     'layer_errors': 'wraps any function; its quantization is checked when '
                     'the wrapped function runs',
     'muon': 'its rows are in the Muon block',
+    'upgrade_checkpoint': 'takes any pytree (renames only adaptive-bits '
+                          'nodes)',
 }
 
 

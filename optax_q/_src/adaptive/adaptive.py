@@ -679,7 +679,8 @@ def adaptive_bits(
     ...                            min_size=0)
     >>> state = tx.init({'w': jnp.zeros((8, 256))})
     >>> optax_q.bit_layout(state)
-    {'inner_state/inner_state/mu/w': 'nf4/block', 'inner_state/inner_state/nu/w': 'ue4m0/block'}
+    {'inner_state/inner_state/mu/w': 'nf4/block',
+     'inner_state/inner_state/nu/w': 'ue4m0/block'}
 
   References:
     Liu et al, [STQuant: Spatio-Temporal Adaptive Framework for Optimizer
@@ -906,6 +907,12 @@ def upgrade_checkpoint(tree: Any) -> Any:
     ``tree`` with the key ``inner`` of every adaptive-bits node (a dict
     holding ``count``, ``stats`` with ``levels``, and ``inner``) renamed
     ``inner_state``; other nodes and all leaves as they are.
+
+  Examples:
+    >>> import optax_q
+    >>> raw = [{'count': 3, 'inner': {'mu': {}}, 'stats': {'levels': 0}}]
+    >>> optax_q.upgrade_checkpoint(raw)
+    [{'count': 3, 'inner_state': {'mu': {}}, 'stats': {'levels': 0}}]
   """
 
   def is_legacy(x):
@@ -1063,7 +1070,8 @@ def bit_layout(state: Any) -> dict[str, str]:
     ...     optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0),
     ...     optax.scale_by_learning_rate(1e-3))
     >>> optax_q.bit_layout(tx.init({'w': jnp.zeros((8, 256))}))
-    {'0/inner_state/inner_state/mu/w': 'nf4/block', '0/inner_state/inner_state/nu/w': 'ue4m0/block'}
+    {'0/inner_state/inner_state/mu/w': 'nf4/block',
+     '0/inner_state/inner_state/nu/w': 'ue4m0/block'}
   """
   _check_adaptive_state(state, 'bit_layout')
   out = {}
@@ -1095,7 +1103,8 @@ def bit_widths(state: Any) -> dict[str, float]:
     ...     optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0),
     ...     optax.scale_by_learning_rate(1e-3))
     >>> optax_q.bit_widths(tx.init({'w': jnp.zeros((8, 256))}))
-    {'0/inner_state/inner_state/mu/w': 4.25, '0/inner_state/inner_state/nu/w': 4.25}
+    {'0/inner_state/inner_state/mu/w': 4.25,
+     '0/inner_state/inner_state/nu/w': 4.25}
   """
   _check_adaptive_state(state, 'bit_widths')
   out = {}
