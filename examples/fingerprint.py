@@ -432,9 +432,12 @@ def make_runs() -> list[Run]:
       optax_q.scale_by_adam_local_age(), 2))))
 
   # Adaptive bits: period 1 and patience 1, so layouts may change in-run.
-  add(_tx_run('adamw/bits_adaptive', lambda: optax_q.adamw(
-      LR, bits={'period': 1, 'patience': 1}, **m0), between=_relayout,
-      quick=True))
+  # adamw/bits_adaptive is the chain that adamw(LR, bits={...}) built.
+  add(_tx_run('adamw/bits_adaptive', lambda: optax.chain(
+      optax_q.adaptive_bits(optax.scale_by_adam(), period=1, patience=1,
+                            elementwise=True, track_stalls=False, **m0),
+      optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(LR)),
+              between=_relayout, quick=True))
   add(_tx_run('adaptive_bits', lambda: _then_lr(optax_q.adaptive_bits(
       optax.scale_by_adam(), period=1, patience=1, min_size=0)),
               between=_relayout))

@@ -51,6 +51,9 @@ from models import sharding as model_sharding
 from models import train
 from models import vit
 
+# The path of an adapted leaf below its AdaptiveBitsState in bit_layout.
+SEGMENT = 'inner_state/inner_state/'
+
 NAME = 'bits'
 
 # Ladders. 'adaptive': the library's defaults (3.25, 4.25 and 8.25 bits);
@@ -265,8 +268,8 @@ def measure_overhead(state, params, config, cfg, mode: Mode, reps: int):
   layout = optax_q.bit_layout(state)
   adam = optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
   kwargs = adaptive_kwargs(config, cfg, mode.period, 10**6)
-  prefix = next(iter(layout)).split('inner/inner_state/')[0]
-  inner_layout = {k[len(prefix) + len('inner/inner_state/'):]: v
+  prefix = next(iter(layout)).split(SEGMENT)[0]
+  inner_layout = {k[len(prefix) + len(SEGMENT):]: v
                   for k, v in layout.items()}
 
   def fmt_of(path, leaf):
@@ -327,7 +330,7 @@ def measure_overhead(state, params, config, cfg, mode: Mode, reps: int):
 
 def prefix_free(path: str) -> str:
   """A layout path of a chained state as seen from the adaptive state."""
-  return 'inner/inner_state/' + path.split('inner/inner_state/', 1)[1]
+  return SEGMENT + path.split(SEGMENT, 1)[1]
 
 
 # ----------------------------------------------------------------------------
@@ -389,7 +392,10 @@ def plot_bits(events, steps, path, title):
   for e, nxt in zip(events, events[1:] + [dict(step=steps)]):
     for i, n in enumerate(names):
       grid[i, e['step']:nxt['step']] = e['leaves'][n]
-  labels = [n.split('inner/inner_state/')[-1] for n in names]
+  # Results recorded before AdaptiveBitsState.inner became inner_state
+  # name the leaves .../inner/inner_state/...
+  labels = [n.split(SEGMENT)[-1].split('inner/inner_state/')[-1]
+            for n in names]
   fig = Figure(figsize=(10, 0.22 * len(names) + 1.6), layout='constrained')
   ax = fig.subplots()
   im = ax.imshow(grid, aspect='auto', interpolation='nearest', cmap='viridis',

@@ -20,6 +20,7 @@ from optax_q._src.adaptive.adaptive import bit_widths
 from optax_q._src.adaptive.adaptive import BitPolicy
 from optax_q._src.adaptive.adaptive import BitStatistics
 from optax_q._src.adaptive.adaptive import relayout
+from optax_q._src.adaptive.adaptive import upgrade_checkpoint
 from optax_q._src.adaptive.adaptive import ZONES
 from optax_q._src.codec.formats import Format
 from optax_q._src.codec.formats import FORMAT_ALIASES
@@ -159,4 +160,5 @@ __all__ = (
     'statistical_error',
     'transient_stall_probability',
     'unsigned_variant',
+    'upgrade_checkpoint',
 )

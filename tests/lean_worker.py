@@ -85,8 +85,11 @@ def _drop_ins(optax, optax_q, jnp):
       ('soap', optax_q.soap(1e-3, **small), params),
       ('adam_with_resets', optax_q.adam_with_resets(
           10, formats={'mu': 'int8', 'nu': 'int8_dynamic'}, **small), params),
-      ('adamw_adaptive', optax_q.adamw(1e-3, bits='adaptive', **small),
-       params),
+      ('adamw_adaptive', optax.chain(
+          optax_q.adaptive_bits(optax.scale_by_adam(), elementwise=True,
+                                track_stalls=False, **small),
+          optax.add_decayed_weights(1e-4),
+          optax.scale_by_learning_rate(1e-3)), params),
       ('adaptive_bits', optax_q.adaptive_bits(
           optax.scale_by_adam(), period=1, **small), params),
       ('eco', optax_q.eco(optax.inject_hyperparams(optax.adamw)(1e-3)),

@@ -14,8 +14,9 @@
 """How-to: a Flax NNX loop with adaptive bit-widths, re-laid out between
 steps, saved with Orbax and resumed bit for bit, formats included.
 
-``optax_q.adamw(..., bits='adaptive')`` keeps each moment leaf in 3, 4 or 8
-bits and decides inside the compiled step when a leaf should move;
+AdamW with ``optax_q.adaptive_bits`` around its moments keeps each moment
+leaf in 3, 4 or 8 bits and decides inside the compiled step when a leaf
+should move;
 ``optax_q.relayout`` applies the decisions between steps. In NNX the new
 state is put back as the optimizer wraps a state
 (``nnx.data(to_opt_state(new))``): assigning it directly would update the
@@ -40,6 +41,7 @@ from flax.nnx.training import optimizer as nnx_optimizer
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import optax_q
 import orbax.checkpoint as ocp
 
@@ -69,7 +71,11 @@ def make(layout=None):
   elements), deciding every 2 steps so that this short run sees a change;
   with ``layout``, its state in those formats."""
   model = MLP(nnx.Rngs(0))
-  tx = optax_q.adamw(1e-3, bits={'period': 2, 'patience': 1})
+  tx = optax.chain(
+      optax_q.adaptive_bits(optax.scale_by_adam(), period=2, patience=1,
+                            elementwise=True),
+      optax.add_decayed_weights(1e-4),
+      optax.scale_by_learning_rate(1e-3))
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   if layout is not None:
     relayout(optimizer, layout)

@@ -20,9 +20,11 @@ of ``adaptive_worker.py`` on localhost.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import helpers  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
 import functools  # noqa: E402
 import tempfile  # noqa: E402
-from typing import NamedTuple  # noqa: E402
+import warnings  # noqa: E402
+from typing import Any, NamedTuple  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
@@ -150,18 +152,52 @@ class ArgumentsTest(parameterized.TestCase):
        'scale_mode'),
   )
   def test_drop_in_bits_argument(self, kwargs, match):
-    with self.assertRaisesRegex(ValueError, match):
+    with self.assertRaisesRegex(ValueError, match), warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
       optax_q.adamw(1e-3, **kwargs)
 
-  def test_drop_in_adapts(self):
+  def test_explicit_chain_adapts(self):
     params = adaptive_worker.params()
-    tx = optax_q.adamw(1e-2, bits={'period': 2, 'anneal': 0.0},
-                       block_size=32, min_size=0)
+    tx = optax.chain(
+        optax_q.adaptive_bits(
+            optax.scale_by_adam(), elementwise=True, track_stalls=False,
+            block_size=32, min_size=0, period=2, anneal=0.0),
+        optax.add_decayed_weights(1e-4),
+        optax.scale_by_learning_rate(1e-2))
     _, state, _, _ = _train(tx, params, 8)
     zones = [optax_q.ZONES[z] for z in state[0].stats.zone.tolist()]
     self.assertEqual(zones, ['magnitude', 'redundant', 'structural'])
-    self.assertEqual(optax_q.bit_widths(state)['0/inner/inner_state/mu/calm'],
-                     3.0 + 1.0)  # nf3 with a float32 scale per 32.
+    self.assertEqual(
+        optax_q.bit_widths(state)['0/inner_state/inner_state/mu/calm'],
+        3.0 + 1.0)  # nf3 with a float32 scale per 32.
+
+  @parameterized.parameters('adamw', 'adam')
+  def test_deprecated_bits_is_the_explicit_chain(self, name):
+    params = adaptive_worker.params()
+    lr, b1, b2, eps, eps_root, wd = 1e-2, 0.8, 0.95, 1e-7, 1e-9, 1e-3
+    bits = {'period': 2, 'anneal': 0.0}
+    storage = dict(block_size=32, min_size=0, seed=3, rounding='stochastic')
+    decay = {'weight_decay': wd} if name == 'adamw' else {}
+    with self.assertWarnsRegex(DeprecationWarning,
+                               r'optax_q\.adaptive_bits\(') as caught:
+      old = getattr(optax_q, name)(lr, b1, b2, eps, eps_root, **decay,
+                                   nesterov=True, bits=bits, **storage)
+    self.assertEqual(caught.filename, __file__)
+    self.assertLen(caught.warnings, 1)
+    new = optax.chain(
+        optax_q.adaptive_bits(
+            optax.scale_by_adam(b1, b2, eps, eps_root, nesterov=True),
+            elementwise=True, track_stalls=False, **storage, **bits),
+        *([optax.add_decayed_weights(wd)] if name == 'adamw' else []),
+        optax.scale_by_learning_rate(lr))
+    self.assertEqual(optax_q.bit_layout(old.init(params)),
+                     optax_q.bit_layout(new.init(params)))
+    p_old, s_old, layouts_old, _ = _train(old, params, 8)
+    p_new, s_new, layouts_new, _ = _train(new, params, 8)
+    helpers.assert_bits_equal(p_new, p_old)
+    helpers.assert_bits_equal(s_new, s_old)
+    self.assertEqual(layouts_new, layouts_old)
+    self.assertNotEqual(layouts_new[0], layouts_new[-1])  # relayout acted.
 
   def test_candidates_the_inner_state_lacks(self):
     with self.assertRaisesRegex(ValueError, r"candidates names .*'trace'"):
@@ -188,7 +224,7 @@ class ArgumentsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'abstract state'):
       optax_q.relayout(jax.eval_shape(tx.init, params))
     with self.assertRaisesRegex(ValueError, 'not adapted leaves'):
-      optax_q.relayout(state, {'opt_state/0/inner/inner_state/mu/big':
+      optax_q.relayout(state, {'opt_state/0/inner_state/inner_state/mu/big':
                                'nf3/block'})
     with self.assertRaisesRegex(ValueError, 'step'):
       optax_q.relayout(state, step=-1)
@@ -199,6 +235,8 @@ class ArgumentsTest(parameterized.TestCase):
       optax_q.adamw(1e-3, bits='adaptive', mu_format='nf4')
     with self.assertRaisesRegex(ValueError, 'arguments of the optimizer'):
       optax_q.adamw(1e-3, bits={'block_size': 64})
+    with self.assertWarns(DeprecationWarning):  # Warns only when it builds.
+      optax_q.adam(1e-3, bits='adaptive')
 
   def test_bad_inner_raises(self):
     with self.assertRaisesRegex(ValueError, 'inner'):
@@ -295,8 +333,8 @@ class DecisionTest(parameterized.TestCase):
     _, state, _, _ = _train(
         _tx(candidates=ladder, anneal=0.0,
             zone_levels={'magnitude': {'mu': 3, 'nu': 3}}), self._params(), 8)
-    self.assertEqual(optax_q.bit_widths(state)['0/inner/inner_state/mu/big'],
-                     16.0)
+    self.assertEqual(
+        optax_q.bit_widths(state)['0/inner_state/inner_state/mu/big'], 16.0)
 
   def test_commits_only_every_period_times_patience(self):
     tx = _tx(period=3, patience=2, anneal=0.0, margin=0.0)
@@ -353,7 +391,7 @@ class DecisionTest(parameterized.TestCase):
     pa, sa, _, _ = _train(a, params, 1)
     pb, sb, _, _ = _train(b, params, 1, relayout=False)
     helpers.assert_bits_equal(pa, pb)
-    helpers.assert_bits_equal(sa[0].inner.inner_state, sb[0].inner_state)
+    helpers.assert_bits_equal(sa[0].inner_state.inner_state, sb[0].inner_state)
     # Later steps: the two programs fuse differently (the statistics read
     # the gradients too), so float32 results may differ in the last bit and
     # a stochastic rounding flip by one code.
@@ -455,6 +493,89 @@ class CheckpointTest(absltest.TestCase):
     helpers.assert_bits_equal(got_s, want_s)
     self.assertEqual(optax_q.bit_layout(got_s), optax_q.bit_layout(want_s))
 
+  def test_checkpoint_saved_under_the_old_field_name(self):
+    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+    params = adaptive_worker.params()
+    tx = _annealed_tx()
+    want_p, want_s, _ = _annealed_run()
+    p, s, _, _ = _train(tx, params, 6)
+    layout = _old_layout(optax_q.bit_layout(s))
+    with tempfile.TemporaryDirectory() as tmp:
+      with ocp.CheckpointManager(tmp) as mgr:
+        mgr.save(6, args=ocp.args.Composite(
+            state=ocp.args.StandardSave({'params': p, 'opt': _old_names(s)}),
+            layout=ocp.args.JsonSave(layout)))
+        mgr.wait_until_finished()
+      with ocp.CheckpointManager(tmp) as mgr:
+        saved = mgr.restore(6, args=ocp.args.Composite(
+            layout=ocp.args.JsonRestore()))['layout']
+        with self.assertWarns(DeprecationWarning):
+          opt = optax_q.relayout(jax.eval_shape(tx.init, params), saved)
+        abstract = {'params': jax.eval_shape(lambda: params), 'opt': opt}
+        # Into today's target it does not restore.
+        with self.assertRaises(ValueError):
+          mgr.restore(6, args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(abstract)))
+        raw = mgr.restore(6, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore()))['state']
+    self.assertIn('inner', raw['opt'][0])
+    restored = ocp.tree.deserialize_tree(optax_q.upgrade_checkpoint(raw),
+                                         abstract)
+    helpers.assert_bits_equal(restored, {'params': p, 'opt': s})
+    got_p, got_s, _, _ = _train(tx, restored['params'], 6, start=6,
+                                state=restored['opt'])
+    helpers.assert_bits_equal(got_p, want_p)
+    helpers.assert_bits_equal(got_s, want_s)
+
+
+class _OldAdaptiveBitsState(NamedTuple):
+  """`AdaptiveBitsState` as it was saved before ``inner`` was renamed."""
+
+  count: Any
+  stats: Any
+  inner: Any
+  policy: Any
+
+
+def _old_names(tree):
+  """``tree`` as earlier versions held it: states with the field ``inner``."""
+  is_node = lambda x: isinstance(x, optax_q.AdaptiveBitsState)
+  return jax.tree.map(
+      lambda x: _OldAdaptiveBitsState(x.count, x.stats, x.inner_state,
+                                      x.policy) if is_node(x) else x,
+      tree, is_leaf=is_node)
+
+
+def _old_layout(layout):
+  return {k.replace('inner_state/inner_state/', 'inner/inner_state/'): v
+          for k, v in layout.items()}
+
+
+class DeprecatedNameTest(absltest.TestCase):
+
+  def test_inner_reads_inner_state_and_warns_at_the_caller(self):
+    state = _tx().init({'w': jnp.zeros((4, 64))})[0]
+    with self.assertWarnsRegex(DeprecationWarning, 'inner_state') as caught:
+      inner = state.inner
+    self.assertIs(inner, state.inner_state)
+    self.assertEqual(caught.filename, __file__)
+
+  def test_layout_of_earlier_versions_is_read_and_warns(self):
+    tx = _tx()
+    state = tx.init({'w': jnp.zeros((4, 64))})
+    layout = {'0/inner_state/inner_state/mu/w': 'nf3/block'}
+    want = optax_q.relayout(state, layout)
+    with self.assertWarnsRegex(DeprecationWarning, 'bit_layout') as caught:
+      got = optax_q.relayout(state, _old_layout(layout))
+    self.assertEqual(caught.filename, __file__)
+    self.assertEqual(optax_q.bit_layout(got), optax_q.bit_layout(want))
+    helpers.assert_bits_equal(got, want)
+
+  def test_upgrade_checkpoint_leaves_other_trees_alone(self):
+    tree = {'inner': {'a': 1}, 'count': 2, 'stats': {'x': [3]},
+            'b': [{'inner_state': 4}]}
+    self.assertEqual(optax_q.upgrade_checkpoint(tree), tree)
+
 
 class NnxTest(absltest.TestCase):
 
@@ -462,8 +583,10 @@ class NnxTest(absltest.TestCase):
     from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
     from flax.nnx.training import optimizer as nnx_optimizer  # pylint: disable=g-import-not-at-top,import-outside-toplevel
     model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
-    tx = optax_q.adamw(1e-3, bits={'period': 1, 'patience': 1},
-                       min_size=0, block_size=32)
+    tx = optax.chain(
+        optax_q.adaptive_bits(optax.scale_by_adam(), period=1, patience=1,
+                              min_size=0, block_size=32, elementwise=True),
+        optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(1e-3))
     opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
     @nnx.jit
@@ -481,6 +604,49 @@ class NnxTest(absltest.TestCase):
     self.assertNotEqual(optax_q.bit_layout(opt.opt_state), before)
     step(model, opt, x)  # Runs on the new layout.
     self.assertTrue(bool(jnp.all(jnp.isfinite(model.kernel[...]))))
+
+  def test_nnx_checkpoint_saved_under_the_old_field_name(self):
+    from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    from flax.nnx.training import optimizer as nnx_optimizer  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+    tx = _tx(period=1, patience=1)
+
+    def make(layout):
+      model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
+      opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+      new = optax_q.relayout(opt.opt_state, layout)
+      if new is not opt.opt_state:
+        opt.opt_state = nnx.data(nnx_optimizer.to_opt_state(new))
+      return model, opt
+
+    @nnx.jit
+    def step(model, opt, x):
+      grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
+      opt.update(model, grads)
+
+    def old_names(tree):  # The NNX state as earlier versions named it.
+      if isinstance(tree, Mapping):
+        return {('inner' if k == 'inner_state' and 'stats' in tree else k):
+                old_names(v) for k, v in tree.items()}
+      return tree
+
+    x = jnp.ones((4, 64))
+    model, opt = make({})
+    step(model, opt, x)
+    layout = optax_q.bit_layout(opt.opt_state)
+    with tempfile.TemporaryDirectory() as tmp:
+      path = tmp + '/state'
+      helpers.save(path, old_names(nnx.state((model, opt))))
+      with ocp.StandardCheckpointer() as ckptr:
+        raw = ckptr.restore(path)
+    self.assertIn('inner', raw['1']['opt_state']['0'])
+    model2, opt2 = make(layout)
+    nnx.update((model2, opt2), ocp.tree.deserialize_tree(
+        optax_q.upgrade_checkpoint(raw), nnx.state((model2, opt2))))
+    for m, o in ((model, opt), (model2, opt2)):
+      step(m, o, x)
+    helpers.assert_bits_equal(nnx.state((model2, opt2)),
+                              nnx.state((model, opt)))
 
 
 class MeshTest(parameterized.TestCase):

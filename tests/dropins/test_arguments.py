@@ -752,6 +752,8 @@ UNCHECKED = {
     'layer_errors': 'wraps any function; its quantization is checked when '
                     'the wrapped function runs',
     'muon': 'its rows are in the Muon block',
+    'upgrade_checkpoint': 'takes any pytree (renames only adaptive-bits '
+                          'nodes)',
 }
 
 
@@ -832,8 +834,10 @@ class LaterEarlyChecksTest(absltest.TestCase):
   def test_relayout_result_assigns_into_an_nnx_optimizer(self):
     from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
     model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
-    tx = optax_q.adamw(1e-3, bits={'period': 1, 'patience': 1},
-                       min_size=0, block_size=32)
+    tx = optax.chain(
+        optax_q.adaptive_bits(optax.scale_by_adam(), period=1, patience=1,
+                              min_size=0, block_size=32, elementwise=True),
+        optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(1e-3))
     opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
     @nnx.jit

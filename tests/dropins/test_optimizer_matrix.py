@@ -347,8 +347,10 @@ COMPOSITIONS = (
         LR, min_size=MIN_SIZE, reset_every=10)),
     Composition('scale_by_shampoo', optax_q.scale_by_shampoo),
     Composition('scale_by_soap', optax_q.scale_by_soap),
-    Composition('adamw_adaptive_bits', lambda: optax_q.adamw(
-        LR, bits='adaptive', min_size=MIN_SIZE)),
+    Composition('adamw_adaptive_bits', lambda: optax.chain(
+        optax_q.adaptive_bits(optax.scale_by_adam(), elementwise=True,
+                              track_stalls=False, min_size=MIN_SIZE),
+        optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(LR))),
     Composition('adaptive_bits_sgd_momentum', lambda: optax_q.adaptive_bits(
         optax.sgd(LR, momentum=0.9), {'trace': ('int8', 'fp8_e4m3')},
         min_size=MIN_SIZE)),

@@ -236,7 +236,10 @@ class ShapeChangeTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ('adamw_nf4', lambda: optax_q.adamw(
           1e-3, mu_format='nf4', nu_format='int4_unsigned', min_size=0)),
-      ('adaptive', lambda: optax_q.adamw(1e-3, min_size=0, bits='adaptive')),
+      ('adaptive', lambda: optax.chain(
+          optax_q.adaptive_bits(optax.scale_by_adam(), elementwise=True,
+                                min_size=0),
+          optax.scale_by_learning_rate(1e-3))),
       ('muon_int4', lambda: optax_q.muon(1e-3, mu_format='int4', min_size=0)),
       ('shampoo_nf4', lambda: optax_q.shampoo(
           1e-3, mu_format='nf4', nu_format='int4_unsigned',

@@ -167,8 +167,10 @@ DROP_INS = {
     'adam_with_resets': lambda: optax_q.adam_with_resets(
         'adaptive', formats={'mu': 'int8_dynamic', 'nu': 'ue4m3'},
         min_size=0),
-    'adaptive_bits': lambda: optax_q.adamw(1e-3, bits='adaptive',
-                                           min_size=0),
+    'adaptive_bits': lambda: optax.chain(
+        optax_q.adaptive_bits(optax.scale_by_adam(), elementwise=True,
+                              track_stalls=False, min_size=0),
+        optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(1e-3)),
     'quantize_state_bf16_e3m2': lambda: optax_q.quantize_state(
         optax.adam(1e-3), {'mu': 'e3m2', 'nu': 'bf16'}, min_size=0),
 }

@@ -66,8 +66,10 @@ DROP_INS = {
     'lion': lambda: optax_q.lion(LR, min_size=0),
     'sgd_momentum': lambda: optax_q.sgd(LR, momentum=0.9, min_size=0),
     'adamw_resets': lambda: optax_q.adamw(LR, min_size=0, reset_every=2),
-    'adamw_adaptive_bits': lambda: optax_q.adamw(LR, min_size=0,
-                                                 bits='adaptive'),
+    'adamw_adaptive_bits': lambda: optax.chain(
+        optax_q.adaptive_bits(optax.scale_by_adam(), elementwise=True,
+                              track_stalls=False, min_size=0),
+        optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(LR)),
     'muon': lambda: optax_q.muon(LR, min_size=0),
     'muon_int4': lambda: optax_q.muon(LR, min_size=0, mu_format='int4',
                                       block_size=128),

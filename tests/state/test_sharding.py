@@ -433,8 +433,11 @@ def _strict_cases():
                                  min_size=0), False),
       'shampoo': (optax_q.shampoo(1e-3, min_size=0), False),
       'soap': (optax_q.soap(1e-3, min_size=0), False),
-      'adaptive_bits': (optax_q.adamw(1e-3, bits='adaptive', min_size=0),
-                        False),
+      'adaptive_bits': (optax.chain(
+          optax_q.adaptive_bits(optax.scale_by_adam(), elementwise=True,
+                                track_stalls=False, min_size=0),
+          optax.add_decayed_weights(1e-4),
+          optax.scale_by_learning_rate(1e-3)), False),
       'resets': (optax_q.adamw(1e-3, reset_every='adaptive', min_size=0),
                  False),
       'quantized_training': (optax_q.quantized_training(

@@ -54,6 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import functools
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -100,6 +101,11 @@ DEFAULT_CANDIDATES = {
 DEFAULT_FACTORS = {'mu': 'magnitude', 'nu': 'dispersion'}
 # A sample of a factor counts at most this many times the leaf's average.
 OUTLIER = 10.0
+# The path of the adapted fields below their AdaptiveBitsState (in
+# bit_layout's names), and that path in layouts saved before the field
+# ``inner`` was renamed ``inner_state``.
+_SEGMENT = 'inner_state/inner_state/'
+_LEGACY_SEGMENT = 'inner/inner_state/'
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=[],
@@ -173,15 +179,27 @@ class AdaptiveBitsState(NamedTuple):
     count: Steps taken (int32).
     stats: The [`BitStatistics`][optax_q.BitStatistics] (replicated; a few
       scalars per parameter leaf).
-    inner: The wrapped [`quantize_state`][optax_q.quantize_state] state, in the
-      current formats.
+    inner_state: The wrapped [`quantize_state`][optax_q.quantize_state]
+      state, in the current formats (formerly ``inner``: ``state.inner``
+      still reads it, with a ``DeprecationWarning``; see
+      [`upgrade_checkpoint`][optax_q.upgrade_checkpoint] for checkpoints
+      saved under that name).
     policy: The static [`BitPolicy`][optax_q.BitPolicy] (no buffers).
   """
 
-  count: jax.Array
+  count: jax.Array  # shape=(), dtype=jnp.int32.
   stats: BitStatistics
-  inner: transform.QuantizedState
+  inner_state: transform.QuantizedState
   policy: BitPolicy
+
+  @property
+  def inner(self) -> transform.QuantizedState:
+    """Deprecated name of ``inner_state``."""
+    warnings.warn(
+        'AdaptiveBitsState.inner is deprecated: the field is inner_state, as '
+        'in every other wrapper state of optax_q.', DeprecationWarning,
+        stacklevel=2)
+    return self.inner_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -525,7 +543,7 @@ def _init(cfg: _Config, quantized, params) -> AdaptiveBitsState:
                    np.int32).reshape(len(fields), num)))
   state = AdaptiveBitsState(
       count=jnp.zeros([], jnp.int32), stats=stats,
-      inner=quantized.init(params), policy=policy)
+      inner_state=quantized.init(params), policy=policy)
   if not _leaf_slots(state) and _eligible(cfg, leaves).any():
     raise ValueError(
         f'adaptive_bits: no leaf of the fields {list(fields)} in the inner '
@@ -557,10 +575,10 @@ def _update(cfg: _Config, quantized, updates, state: AdaptiveBitsState,
         lambda s: _decide(cfg, state.policy.fields, eligible, sizes, s,
                           count),
         lambda s: s, stats)
-  new_updates, inner = quantized.update(updates, state.inner, params,
-                                        **extra_args)
+  new_updates, inner_state = quantized.update(
+      updates, state.inner_state, params, **extra_args)
   return new_updates, AdaptiveBitsState(
-      count=count, stats=stats, inner=inner, policy=state.policy)
+      count=count, stats=stats, inner_state=inner_state, policy=state.policy)
 
 
 def adaptive_bits(
@@ -661,7 +679,8 @@ def adaptive_bits(
     ...                            min_size=0)
     >>> state = tx.init({'w': jnp.zeros((8, 256))})
     >>> optax_q.bit_layout(state)
-    {'inner/inner_state/mu/w': 'nf4/block', 'inner/inner_state/nu/w': 'ue4m0/block'}
+    {'inner_state/inner_state/mu/w': 'nf4/block',
+     'inner_state/inner_state/nu/w': 'ue4m0/block'}
 
   References:
     Liu et al, [STQuant: Spatio-Temporal Adaptive Framework for Optimizer
@@ -722,7 +741,7 @@ def _layout_name(fmt: Format, mode: str) -> str:
 def _leaf_slots(node: AdaptiveBitsState):
   """``(path, field, param index, QArray)`` of the adapted leaves."""
   policy = node.policy
-  root = node.inner.inner_state
+  root = node.inner_state.inner_state
   index = {n: i for i, n in enumerate(policy.names)}
   flat = jax.tree_util.tree_flatten_with_path(
       root, is_leaf=qarray_lib.is_qarray)[0]
@@ -802,7 +821,7 @@ def _relayout_node(node: AdaptiveBitsState, prefix: str,
     levels = _host(levels)
   changes = {}
   for path, field, index, leaf in slots:
-    name = prefix + 'inner/inner_state/' + state_tree.path_str(path)
+    name = prefix + _SEGMENT + state_tree.path_str(path)
     if layout is not None:
       if name not in layout:
         continue
@@ -818,9 +837,9 @@ def _relayout_node(node: AdaptiveBitsState, prefix: str,
     changes[tuple(path)] = _convert(leaf, codec)
   if not changes:
     return node
-  inner = node.inner._replace(
-      inner_state=_replace_leaves(node.inner.inner_state, changes))
-  return node._replace(inner=inner)
+  inner_state = node.inner_state._replace(
+      inner_state=_replace_leaves(node.inner_state.inner_state, changes))
+  return node._replace(inner_state=inner_state)
 
 
 def _parse_layout(entry: Any, name: str, policy: BitPolicy, field: str
@@ -834,14 +853,94 @@ def _parse_layout(entry: Any, name: str, policy: BitPolicy, field: str
       f'{field!r}: {[_layout_name(f, m) for f, m in ladder]}.')
 
 
+def _upgrade_layout(state: Any, layout: Mapping[str, str]
+                    ) -> Mapping[str, str]:
+  """``layout`` with the paths of earlier versions (``.../inner/...``)
+  renamed as ``bit_layout(state)`` names them, with a warning."""
+  legacy = {}
+
+  def visit(node, prefix):
+    for path, _, _, _ in _leaf_slots(node):
+      name = state_tree.path_str(path)
+      legacy[prefix + _LEGACY_SEGMENT + name] = (
+          prefix + _SEGMENT + name)
+    return node
+
+  _map_adaptive(visit, state)
+  old = [k for k in layout if k in legacy and legacy[k] not in layout]
+  if not old:
+    return layout
+  warnings.warn(
+      f'layout names {len(old)} path(s) as bit_layout did before '
+      f"AdaptiveBitsState.inner was renamed inner_state (e.g. {old[0]!r}); "
+      'they are read as the new paths, but this is deprecated: save the '
+      'layout again with bit_layout.', DeprecationWarning, stacklevel=3)
+  return {legacy.get(k, k): v for k, v in layout.items()}
+
+
+def upgrade_checkpoint(tree: Any) -> Any:
+  """A state restored without a target, in the current field names.
+
+  Orbax saves a ``NamedTuple`` under its field names, so a checkpoint of an
+  [`AdaptiveBitsState`][optax_q.AdaptiveBitsState] written before its field
+  ``inner`` was renamed ``inner_state`` does not restore into today's
+  abstract state. Restore it without a target (nested dicts of arrays),
+  rename it here, and fit it to the target with Orbax:
+
+  ```python
+  with ocp.StandardCheckpointer() as ckptr:
+    raw = ckptr.restore(path)  # No target: nested dicts.
+  state = ocp.tree.deserialize_tree(optax_q.upgrade_checkpoint(raw), target)
+  ```
+
+  ``target`` is the abstract state (``jax.eval_shape`` of ``tx.init``,
+  re-laid out with [`relayout`][optax_q.relayout] to the saved
+  [`bit_layout`][optax_q.bit_layout]), or a whole train state holding it,
+  such as ``nnx.state((model, optimizer))``. ``relayout`` reads a layout
+  saved by the earlier versions as it is (with a ``DeprecationWarning``).
+
+  Args:
+    tree: A tree of dicts, lists and arrays as Orbax restores it without a
+      target; trees in today's names pass through unchanged.
+
+  Returns:
+    ``tree`` with the key ``inner`` of every adaptive-bits node (a dict
+    holding ``count``, ``stats`` with ``levels``, and ``inner``) renamed
+    ``inner_state``; other nodes and all leaves as they are.
+
+  Examples:
+    >>> import optax_q
+    >>> raw = [{'count': 3, 'inner': {'mu': {}}, 'stats': {'levels': 0}}]
+    >>> optax_q.upgrade_checkpoint(raw)
+    [{'count': 3, 'inner_state': {'mu': {}}, 'stats': {'levels': 0}}]
+  """
+
+  def is_legacy(x):
+    return (isinstance(x, Mapping) and 'inner' in x and 'count' in x
+            and 'inner_state' not in x and isinstance(x.get('stats'), Mapping)
+            and 'levels' in x['stats'])
+
+  def visit(x):
+    if isinstance(x, Mapping):
+      items = {('inner_state' if k == 'inner' and is_legacy(x) else k):
+               visit(v) for k, v in x.items()}
+      return items if isinstance(x, dict) else type(x)(items)
+    if isinstance(x, tuple) and hasattr(x, '_fields'):
+      return type(x)(*(visit(v) for v in x))
+    if isinstance(x, (list, tuple)):
+      return type(x)(visit(v) for v in x)
+    return x
+
+  return visit(tree)
+
+
 def _check_adaptive_state(state: Any, func: str) -> None:
   """``state`` holds at least one `AdaptiveBitsState`."""
   if not any(_is_adaptive(x) for x in jax.tree.leaves(
       state, is_leaf=lambda x: _is_adaptive(x) or qarray_lib.is_qarray(x))):
     raise ValueError(
         f'{func} needs a state with adaptive bits (an optimizer state holding '
-        'AdaptiveBitsState nodes, from optax_q.adaptive_bits or bits='
-        "'adaptive' / bits={...} of adam and adamw), but state="
+        'AdaptiveBitsState nodes, from optax_q.adaptive_bits), but state='
         f'{validation.short(state)} of type {type(state).__name__} holds '
         'none.')
 
@@ -880,7 +979,10 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
     layout: ``{path: 'format/scale_mode'}`` as
       [`bit_layout`][optax_q.bit_layout] returns it, to apply instead of the
       state's committed levels: the way to rebuild a saved layout on an abstract
-      state before a checkpoint restore.
+      state before a checkpoint restore. A layout saved before
+      ``AdaptiveBitsState.inner`` was renamed ``inner_state`` (paths
+      ``.../inner/inner_state/...``) is read as today's paths, with a
+      ``DeprecationWarning``.
     step: The number of updates applied so far, if known. Layouts can only
       change every ``period * patience`` steps, so other steps return
       ``state`` at once without reading anything from the devices.
@@ -904,8 +1006,8 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
     >>> tx = optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0)
     >>> state = tx.init({'w': jnp.zeros((8, 256))})
     >>> state = optax_q.relayout(
-    ...     state, {'inner/inner_state/mu/w': 'nf3/block'})
-    >>> optax_q.bit_layout(state)['inner/inner_state/mu/w']
+    ...     state, {'inner_state/inner_state/mu/w': 'nf3/block'})
+    >>> optax_q.bit_layout(state)['inner_state/inner_state/mu/w']
     'nf3/block'
   """
   _check_adaptive_state(state, 'relayout')
@@ -926,6 +1028,7 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
     return out
 
   if layout is not None:
+    layout = _upgrade_layout(state, layout)
     unknown = sorted(set(layout) - set(bit_layout(state)))
     if unknown:
       raise ValueError(
@@ -962,17 +1065,20 @@ def bit_layout(state: Any) -> dict[str, str]:
     order; empty where the state has no adapted leaf.
 
   Examples:
-    >>> import jax.numpy as jnp, optax_q
-    >>> tx = optax_q.adamw(1e-3, bits='adaptive', min_size=0)
+    >>> import jax.numpy as jnp, optax, optax_q
+    >>> tx = optax.chain(
+    ...     optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0),
+    ...     optax.scale_by_learning_rate(1e-3))
     >>> optax_q.bit_layout(tx.init({'w': jnp.zeros((8, 256))}))
-    {'0/inner/inner_state/mu/w': 'nf4/block', '0/inner/inner_state/nu/w': 'ue4m0/block'}
+    {'0/inner_state/inner_state/mu/w': 'nf4/block',
+     '0/inner_state/inner_state/nu/w': 'ue4m0/block'}
   """
   _check_adaptive_state(state, 'bit_layout')
   out = {}
 
   def visit(node, prefix):
     for path, _, _, leaf in _leaf_slots(node):
-      name = prefix + 'inner/inner_state/' + state_tree.path_str(path)
+      name = prefix + _SEGMENT + state_tree.path_str(path)
       out[name] = _layout_name(leaf.fmt, leaf.scale_mode)
     return node
 
@@ -992,17 +1098,20 @@ def bit_widths(state: Any) -> dict[str, float]:
     [`bit_layout`][optax_q.bit_layout] names the leaves.
 
   Examples:
-    >>> import jax.numpy as jnp, optax_q
-    >>> tx = optax_q.adamw(1e-3, bits='adaptive', min_size=0)
+    >>> import jax.numpy as jnp, optax, optax_q
+    >>> tx = optax.chain(
+    ...     optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0),
+    ...     optax.scale_by_learning_rate(1e-3))
     >>> optax_q.bit_widths(tx.init({'w': jnp.zeros((8, 256))}))
-    {'0/inner/inner_state/mu/w': 4.25, '0/inner/inner_state/nu/w': 4.25}
+    {'0/inner_state/inner_state/mu/w': 4.25,
+     '0/inner_state/inner_state/nu/w': 4.25}
   """
   _check_adaptive_state(state, 'bit_widths')
   out = {}
 
   def visit(node, prefix):
     for path, _, _, leaf in _leaf_slots(node):
-      name = prefix + 'inner/inner_state/' + state_tree.path_str(path)
+      name = prefix + _SEGMENT + state_tree.path_str(path)
       out[name] = 8.0 * leaf.nbytes / max(leaf.size, 1)
     return node
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 import inspect
 from typing import Any
+import warnings
 
 import optax
 
@@ -108,8 +109,30 @@ def _adaptive_kwargs(bits: Any, reset_every: Any, scale_mode: Any
   return kwargs
 
 
+def _bits_composition(optimizer: str, kwargs: Mapping[str, Any]) -> str:
+  """The ``optax.chain`` that ``optimizer(..., bits=...)`` builds."""
+  defaults = {k: p.default for k, p in inspect.signature(
+      adaptive.adaptive_bits).parameters.items()}
+  args = ''.join(f', {k}={v!r}' for k, v in kwargs.items()
+                 if not (k in defaults and _same(v, defaults[k])))
+  decay = ('optax.add_decayed_weights(weight_decay, mask), '
+           if optimizer == 'adamw' else '')
+  return (
+      'optax.chain(optax_q.adaptive_bits(optax.scale_by_adam(b1, b2, eps, '
+      f'eps_root, nesterov=nesterov){args}), {decay}'
+      'optax.scale_by_learning_rate(learning_rate))')
+
+
+def _same(a: Any, b: Any) -> bool:
+  try:
+    return type(a) is type(b) and bool(a == b)
+  except Exception:  # pylint: disable=broad-exception-caught
+    return False
+
+
 def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
-                  nu_format, reset_every, nesterov, bits=None, **storage):
+                  nu_format, reset_every, nesterov, bits=None,
+                  optimizer='adam', **storage):
   """Checks Adam's arguments; the (quantized, maybe resetting) moments."""
   b1 = _check_decay(b1, 'b1')
   b2 = _check_decay(b2, 'b2')
@@ -125,10 +148,17 @@ def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
             f'{name}={validation.short(value)} is unused with bits='
             f'{validation.short(bits)}, which chooses the formats: give '
             "them as bits={'candidates': {'mu': (...), 'nu': (...)}}.")
+    kwargs = {'elementwise': True, **storage, **kwargs}
+    warnings.warn(
+        f'optax_q.{optimizer}(..., bits=...) is deprecated: it is the one '
+        'mode that rules out the formats, scale_mode and reset_every. '
+        'Compose the transforms instead, '
+        f'{_bits_composition(optimizer, kwargs)}, where b1, b2, ... stand '
+        f'for the values given to {optimizer}: the same optimizer, bit for '
+        'bit.', DeprecationWarning, stacklevel=3)
     inner = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
                                 nesterov=nesterov)
-    return adaptive.adaptive_bits(
-        inner, **{'elementwise': True, **storage, **kwargs})
+    return adaptive.adaptive_bits(inner, **kwargs)
   formats = _moment_formats(
       {'mu_format': ('mu', mu_format), 'nu_format': ('nu', nu_format)})
   if reset_every is None:
@@ -322,13 +352,29 @@ def adamw(
       lower, else XLA), ``'xla'`` or ``'pallas'`` (also on CPU, interpreted:
       for tests; not with ``track_stalls``); see
       [`quantize_state`][optax_q.quantize_state].
-    bits: None (the moments in ``mu_format`` and ``nu_format``), or
-      ``'adaptive'`` or a dict of [`adaptive_bits`][optax_q.adaptive_bits]
+    bits: Deprecated: compose [`adaptive_bits`][optax_q.adaptive_bits]
+      instead (below). None (the moments in ``mu_format`` and
+      ``nu_format``), or ``'adaptive'`` or a dict of ``adaptive_bits``
       keyword arguments (``{'period': 50, 'candidates': ...}``): each moment
       leaf's format is then chosen as training goes, among 3-, 4- and 8-bit
       candidates by default; call [`relayout`][optax_q.relayout] between steps.
       Not with ``reset_every`` or ``scale_mode`` (candidates carry their scale
-      modes); ``mu_format`` and ``nu_format`` are then unused.
+      modes); ``mu_format`` and ``nu_format`` are then unused. Given, it
+      warns once at construction (``DeprecationWarning``) and builds
+
+      ```python
+      optax.chain(
+          optax_q.adaptive_bits(
+              optax.scale_by_adam(b1, b2, eps, eps_root, nesterov=nesterov),
+              elementwise=True, track_stalls=track_stalls, rounding=rounding,
+              block_size=block_size, seed=seed, min_size=min_size,
+              kernel=kernel, **bits_kwargs),
+          optax.add_decayed_weights(weight_decay, mask),
+          optax.scale_by_learning_rate(learning_rate))
+      ```
+
+      (``bits_kwargs``: the dict, or none for ``'adaptive'``), which is
+      what to write instead.
 
   Returns:
     An Optax gradient transformation.
@@ -361,7 +407,7 @@ def adamw(
           nu_format=nu_format, rounding=rounding, block_size=block_size,
           seed=seed, min_size=min_size, scale_mode=scale_mode, reset_every=reset_every,
           nesterov=nesterov, track_stalls=track_stalls, kernel=kernel,
-          bits=bits),
+          bits=bits, optimizer='adamw'),
       optax.add_decayed_weights(weight_decay, mask),
       optax.scale_by_learning_rate(learning_rate),
   )
@@ -419,8 +465,11 @@ def adam(
     track_stalls: Record each quantized leaf's stalled fraction, as for
       [`adamw`][optax_q.adamw].
     kernel: How tiled moments are updated, as for [`adamw`][optax_q.adamw].
-    bits: Formats chosen per leaf as training goes, as for
-      [`adamw`][optax_q.adamw].
+    bits: Deprecated: formats chosen per leaf as training goes, as for
+      [`adamw`][optax_q.adamw]; write instead ``optax.chain(
+      optax_q.adaptive_bits(optax.scale_by_adam(...), elementwise=True,
+      track_stalls=False, ...), optax.scale_by_learning_rate(learning_rate))``
+      (the chain of ``adamw``'s ``bits`` without the weight decay).
 
   Returns:
     An Optax gradient transformation.
