@@ -20,19 +20,32 @@ import pkgutil
 from absl.testing import absltest
 from absl.testing import parameterized
 
+import optax_q
 import optax_q._src
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(optax_q._src.__path__))
+# Every module of the implementation, in every layer's sub-package, and of
+# the QAT/PTQ package (its modules import Flax and SciPy: the test extra has
+# them).
+MODULES = sorted(
+    m.name for package in (optax_q._src, optax_q.quant)
+    for m in pkgutil.walk_packages(package.__path__, f'{package.__name__}.')
+)
 
 
 class DocstringExamplesTest(parameterized.TestCase):
 
   @parameterized.parameters(*MODULES)
   def test_examples(self, name):
-    module = importlib.import_module(f'optax_q._src.{name}')
+    module = importlib.import_module(name)
     result = doctest.testmod(
         module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     self.assertEqual(result.failed, 0, f'{result.failed} failed in {name}')
+
+  def test_every_layer_is_walked(self):
+    # The sub-packages' modules, not only their __init__ files.
+    self.assertIn('optax_q._src.state.transform', MODULES)
+    self.assertIn('optax_q._src.dropins.alias', MODULES)
+    self.assertIn('optax_q.quant._src.quantizers', MODULES)
 
 
 if __name__ == '__main__':
