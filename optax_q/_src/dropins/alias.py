@@ -299,11 +299,26 @@ def adamw(
     kernel: str = 'auto',
     bits: str | Mapping[str, Any] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-  """AdamW with its moments stored in low precision.
+  r"""AdamW with its moments stored in low precision.
 
   ``optax.chain(quantize_state(scale_by_adam(...)), add_decayed_weights,
   scale_by_learning_rate)``: the same chain as ``optax.adamw``, with the
-  moments decoded to float32 for the update and encoded after it.
+  moments decoded to float32 for the update and encoded after it. With
+  `D` the decoder and `Q_\mu`, `Q_\nu` the encoders of the moments'
+  formats (their scales and rounding; see
+  [`quantize_state`][optax_q.quantize_state]):
+
+  ```tex
+  m_t = \beta_1 D(\mu_{t-1}) + (1 - \beta_1) g_t, \qquad
+  v_t = \beta_2 D(\nu_{t-1}) + (1 - \beta_2) g_t^2, \\
+  u_t = -\eta_t \Big(\frac{m_t / (1 - \beta_1^t)}
+    {\sqrt{v_t / (1 - \beta_2^t) + \epsilon_{root}} + \epsilon}
+    + \lambda w_{t-1}\Big), \qquad
+  \mu_t = Q_\mu(m_t), \quad \nu_t = Q_\nu(v_t).
+  ```
+
+  The update is computed from the float32 moments `m_t`, `v_t`; only the
+  stored state `\mu_t`, `\nu_t` is quantized.
 
   Args:
     learning_rate: A float or an Optax schedule.
@@ -433,11 +448,18 @@ def adam(
     kernel: str = 'auto',
     bits: str | Mapping[str, Any] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-  """Adam with its moments stored in low precision.
+  r"""Adam with its moments stored in low precision.
 
   ``optax.chain(quantize_state(scale_by_adam(...)),
   scale_by_learning_rate)``: ``optax.adam`` with the moments decoded to
-  float32 for the update and encoded after it.
+  float32 for the update and encoded after it; the math of
+  [`adamw`][optax_q.adamw] with `\lambda = 0`:
+
+  ```tex
+  u_t = -\eta_t \frac{m_t / (1 - \beta_1^t)}
+    {\sqrt{v_t / (1 - \beta_2^t) + \epsilon_{root}} + \epsilon}, \qquad
+  \mu_t = Q_\mu(m_t), \quad \nu_t = Q_\nu(v_t).
+  ```
 
   Args:
     learning_rate: A float or an Optax schedule.
@@ -521,10 +543,17 @@ def lion(
     track_stalls: bool = False,
     kernel: str = 'auto',
 ) -> optax.GradientTransformationExtraArgs:
-  """Lion with its momentum stored in low precision.
+  r"""Lion with its momentum stored in low precision.
 
   ``optax.chain(quantize_state(scale_by_lion(...)), add_decayed_weights,
-  scale_by_learning_rate)``, the chain of ``optax.lion``.
+  scale_by_learning_rate)``, the chain of ``optax.lion``. With `D` the
+  decoder and `Q` the encoder of ``mu_format``:
+
+  ```tex
+  c_t = \beta_1 D(\mu_{t-1}) + (1 - \beta_1) g_t, \qquad
+  u_t = -\eta_t \big(\operatorname{sign}(c_t) + \lambda w_{t-1}\big), \\
+  \mu_t = Q\big(\beta_2 D(\mu_{t-1}) + (1 - \beta_2) g_t\big).
+  ```
 
   Args:
     learning_rate: A float or an Optax schedule.
@@ -604,7 +633,16 @@ def sgd(
     track_stalls: bool = False,
     kernel: str = 'auto',
 ) -> optax.GradientTransformationExtraArgs:
-  """SGD with momentum (the ``trace``) stored in low precision.
+  r"""SGD with momentum (the ``trace``) stored in low precision.
+
+  With `D` the decoder and `Q` the encoder of ``mu_format``, momentum
+  `\beta`:
+
+  ```tex
+  m_t = g_t + \beta D(\mu_{t-1}), \qquad \mu_t = Q(m_t), \qquad
+  u_t = -\eta_t\, m_t \quad\text{(Nesterov: } -\eta_t (g_t + \beta m_t)
+  \text{)}.
+  ```
 
   Without ``momentum`` there is no state, and this is ``optax.sgd`` (the
   storage arguments are still checked).
