@@ -606,7 +606,7 @@ def adaptive_bits(
     nonnegative_fields: Sequence[str] = transform.NONNEGATIVE_FIELDS,
     kernel: str = 'auto',
 ) -> optax.GradientTransformationExtraArgs:
-  """Keeps ``inner``'s state in formats chosen per leaf as training goes.
+  r"""Keeps ``inner``'s state in formats chosen per leaf as training goes.
 
   The state is that of [`quantize_state`][optax_q.quantize_state] with every
   leaf of an adapted field (``mu``, ``nu``, ...) in one of that field's
@@ -616,7 +616,23 @@ def adaptive_bits(
   [`relayout`][optax_q.relayout], called between steps, re-encodes the leaves
   whose decision changed. The decisions are computed from global reductions
   inside the compiled step, so every device and every process of a sharded run
-  reaches the same ones.
+  reaches the same ones. Per parameter leaf `l` (of `|l|` elements) with
+  running averages `\bar n_l`, `\bar r_l` of
+
+  ```tex
+  n_l = \sqrt{\tfrac{1}{|l|} \textstyle\sum_i g_{l,i}^2}, \qquad
+  r_l = \frac{\operatorname{std}(|g_l|)}{\operatorname{mean}(|g_l|)}, \qquad
+  N = \frac{\sum_l |l|\, \bar n_l}{\sum_l |l|}, \quad
+  R = \frac{\sum_l |l|\, \bar r_l}{\sum_l |l|},
+  ```
+
+  a leaf is high in magnitude when `\bar n_l > \theta_n \tau(t) N` and in
+  dispersion when `\bar r_l > \theta_r \tau(t) R`, with
+  `\tau(t) = 1 + a \min(1, t / T_a)` (``anneal``, ``anneal_steps``) and a
+  dead band of ``margin`` around each threshold; the quadrant picks each
+  field's level in its ladder, committed after ``patience`` equal
+  proposals. A stored leaf `x` at level `k` is then `Q_k(x)` as in
+  [`quantize_state`][optax_q.quantize_state].
 
   Args:
     inner: Any Optax transformation (``optax.scale_by_adam()``, ...).
