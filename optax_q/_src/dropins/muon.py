@@ -101,7 +101,7 @@ def muon(
     muon_weight_dimension_numbers: Any = None,
     **muon_options: Any,
 ) -> optax.GradientTransformation:
-  """Muon with its state stored in low precision (8-bit Muon by default).
+  r"""Muon with its state stored in low precision (8-bit Muon by default).
 
   ``quantize_state(optax.contrib.muon(...))`` with a format per part: the
   Muon momentum of matrix parameters in ``mu_format`` (linear ``int8``
@@ -112,6 +112,59 @@ def muon(
   momentum is decoded, updated and orthogonalized, then stored again. With
   ``'fp32'`` formats this is ``optax.contrib.muon``, bit for bit; its
   positional arguments come in Optax's order.
+
+  A leaf that Muon trains is read as an `m \times n` matrix (rows: its
+  reduction axes, columns: its output axes; any other axes index a batch
+  of such matrices). With its gradient `G_t`, the step count `t` and the
+  momentum stored as `\hat\mu_{t-1}`, a step computes (with Optax's
+  defaults for ``muon_options``: Frobenius preconditioning, width
+  scaling, not adaptive):
+
+  ```tex
+  \mu_t = \beta\, D(\hat\mu_{t-1}) + (1 - \beta)\, G_t, \qquad
+  \hat\mu_t = Q(\mu_t),
+  \\
+  M_t = \frac{\beta\, \mu_t}{1 - \beta^{t+1}}
+      + \frac{(1 - \beta)\, G_t}{1 - \beta^t}
+  \quad \Big(\text{without Nesterov: }
+  M_t = \frac{\mu_t}{1 - \beta^t}\Big),
+  \\
+  X_0 = \frac{M_t}{\|M_t\|_F + \epsilon}, \qquad
+  X_{k+1} = a X_k + \big(b A_k + c A_k^2\big) X_k, \quad
+  A_k = X_k X_k^\top,
+  \\
+  u_t = -\eta_t \Big(\sqrt{\max(1, n / m)}\; X_K + \lambda W\Big),
+  ```
+
+  with `(a, b, c)` = ``ns_coeffs``, `K` = ``ns_steps`` (the iteration
+  runs on `X^\top` when `m > n`, so that `A_k` is the smaller Gram
+  matrix), `\eta_t` the learning rate, `W` the parameter and `\lambda` =
+  ``weight_decay`` (0 where ``weight_decay_mask`` excludes it). `X_K` is
+  close to the orthogonal factor `U V^\top` of `M_t = U \Sigma V^\top`:
+  its singular values land near 1, not at 1. The other leaves take AdamW,
+  its first moment in the same form (Nesterov's when ``nesterov``, else
+  `\tilde m_t = m_t / (1 - \beta_1^t)`):
+
+  ```tex
+  m_t = \beta_1 D(\hat m_{t-1}) + (1 - \beta_1)\, g_t, \qquad
+  v_t = \beta_2 D(\hat v_{t-1}) + (1 - \beta_2)\, g_t^2,
+  \\
+  \tilde m_t = \frac{\beta_1 m_t}{1 - \beta_1^{t+1}}
+      + \frac{(1 - \beta_1)\, g_t}{1 - \beta_1^t}, \qquad
+  u_t = -\eta'_t \Big(\frac{\tilde m_t}
+      {\sqrt{v_t / (1 - \beta_2^t)} + \epsilon} + \lambda' w\Big),
+  \\
+  \hat m_t = Q(m_t), \qquad \hat v_t = Q(v_t),
+  ```
+
+  with `\beta_1, \beta_2` = ``adam_b1``, ``adam_b2``, `\eta'_t` =
+  ``adam_learning_rate`` and `\lambda'` = ``adam_weight_decay``. As in
+  [`quantize_state`][optax_q.quantize_state], `Q` encodes a leaf in its
+  part's format with ``rounding`` (by default one scale per block of
+  ``block_size`` elements along the last axis) and `D` decodes it to
+  float32; the update comes from the float32 `\mu_t` (or `m_t, v_t`), and
+  leaves below ``min_size`` elements are kept as they are (`Q` is then the
+  identity).
 
   Args:
     learning_rate: A float or an Optax schedule.

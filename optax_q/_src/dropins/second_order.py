@@ -171,7 +171,7 @@ def shampoo(
     reset_every: int | dict[str, int | None] | None = None,
     track_stalls: bool = False,
 ) -> optax.GradientTransformation:
-  """Shampoo with Adam grafting and low-bit, resettable statistics.
+  r"""Shampoo with Adam grafting and low-bit, resettable statistics.
 
   [`scale_by_shampoo`][optax_q.scale_by_shampoo] stored by
   [`quantize_state`][optax_q.quantize_state], each field in its own format: the
@@ -184,10 +184,39 @@ def shampoo(
   With ``'fp32'`` formats it is ``scale_by_shampoo`` chained with
   ``optax.add_decayed_weights`` and ``optax.scale_by_learning_rate``.
 
+  A step reads the state `x` of ``scale_by_shampoo`` from storage, runs
+  it in float32 and stores it again:
+
+  ```tex
+  (d_t, x_t) = \mathrm{shampoo}\big(g_t, \mathcal{D}(\hat x_{t-1})\big),
+  \qquad \hat x_t = \mathcal{Q}(x_t), \qquad
+  u_t = -\eta_t\, (d_t + \lambda w),
+  ```
+
+  where `\mathrm{shampoo}` is the step of
+  [`scale_by_shampoo`][optax_q.scale_by_shampoo] (its equations are given
+  there), `\mathcal{Q}` encodes each field in its format (the `Q` of
+  [`quantize_state`][optax_q.quantize_state]: the bases rounded to nearest,
+  the other fields with ``rounding``; the eigenvalues kept), `\mathcal{D}`
+  decodes it, `\eta_t` is the learning rate and `\lambda` =
+  ``weight_decay``. A decoded basis is first brought back to orthogonal by
+  one Björck iteration `Q \leftarrow Q (3 I - Q^\top Q) / 2` (none when
+  ``eigvecs_format`` is ``'fp32'``).
+
   ``reset_every`` resets the moments to zero and the factor statistics to
   a scaled identity (see [`reset_state`][optax_q.reset_state]'s ``reset_to``),
   each with its local-age bias correction: the staleness paper's practice for
-  SOAP's statistics (Topollai & Choromanska, 2026).
+  SOAP's statistics (Topollai & Choromanska, 2026). After the `K`-th update
+  of a field since its last reset (`K` its period, `n` the side of a block's
+  statistic `S`, `\beta` = ``shampoo_beta``, or ``b2`` when None):
+
+  ```tex
+  m,\ v \leftarrow 0, \qquad
+  S \leftarrow (1 - \beta)\, \frac{\mathrm{tr}\, S}{n}\, I, \qquad
+  k \leftarrow 0,
+  ```
+
+  with `k` the field's local age in its bias correction.
 
   Args:
     learning_rate: A float or an Optax schedule.
@@ -284,7 +313,7 @@ def soap(
     reset_every: int | dict[str, int | None] | None = None,
     track_stalls: bool = False,
 ) -> optax.GradientTransformation:
-  """SOAP with low-bit, resettable state.
+  r"""SOAP with low-bit, resettable state.
 
   [`scale_by_soap`][optax_q.scale_by_soap] stored by
   [`quantize_state`][optax_q.quantize_state], each field in its own format:
@@ -295,10 +324,32 @@ def soap(
   rate. With ``'fp32'`` formats it is ``scale_by_soap`` chained with
   ``optax.add_decayed_weights`` and ``optax.scale_by_learning_rate``.
 
+  A step reads the state `x` of ``scale_by_soap`` from storage, runs it
+  in float32 and stores it again:
+
+  ```tex
+  (d_t, x_t) = \mathrm{soap}\big(g_t, \mathcal{D}(\hat x_{t-1})\big),
+  \qquad \hat x_t = \mathcal{Q}(x_t), \qquad
+  u_t = -\eta_t\, (d_t + \lambda w),
+  ```
+
+  where `\mathrm{soap}` is the step of
+  [`scale_by_soap`][optax_q.scale_by_soap] (its equations are given there),
+  `\mathcal{Q}` encodes each field in its format (the `Q` of
+  [`quantize_state`][optax_q.quantize_state]: the bases rounded to nearest,
+  the other fields with ``rounding``), `\mathcal{D}` decodes it, `\eta_t`
+  is the learning rate and `\lambda` = ``weight_decay``. A decoded basis
+  is first brought back to orthogonal by one Björck iteration
+  `Q \leftarrow Q (3 I - Q^\top Q) / 2` (none when ``eigvecs_format`` is
+  ``'fp32'``); between refreshes the decoded basis is stored back as it
+  was decoded.
+
   ``reset_every`` resets the moments to zero and the factor statistics to
-  a scaled identity, with local-age bias correction; the staleness paper
-  resets SOAP's statistics with the moments' period, which makes FP8
-  SOAP train (its Table 7; Topollai & Choromanska, 2026).
+  a scaled identity, with local-age bias correction (as for
+  [`shampoo`][optax_q.shampoo]: `m, v \leftarrow 0`,
+  `S \leftarrow (1 - \beta)\, (\mathrm{tr}\, S / n)\, I`); the
+  staleness paper resets SOAP's statistics with the moments' period, which
+  makes FP8 SOAP train (its Table 7; Topollai & Choromanska, 2026).
 
   Args:
     learning_rate: A float or an Optax schedule.

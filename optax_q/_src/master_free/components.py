@@ -251,13 +251,35 @@ def quantized_training(
     block_size: int = 128,
     min_size: int = 0,
 ) -> QuantizedTraining:
-  """Sets the formats of gradients, weights and moments independently.
+  r"""Sets the formats of gradients, weights and moments independently.
 
   The framework of Tang et al. (2025): a master keeps float32 weights
   ``W``; the forward and backward passes run on ``q_W(W)``; the gradient is
   quantized (``q_G``); the optimizer reads its moments from storage in
   ``q_M`` and ``q_V``, updates them in float32 and stores them again; the
-  step is applied to ``W``. Use:
+  step is applied to ``W``. For a loss `f`, one step is
+
+  ```tex
+  \bar W_t = q_W(W_{t-1}), \qquad
+  \tilde g_t = q_G\big(\nabla f(\bar W_t)\big),
+  \\
+  (u_t, m_t, v_t) = \mathrm{opt}\big(\tilde g_t,
+    D(\hat m_{t-1}), D(\hat v_{t-1})\big), \qquad
+  \hat m_t = Q_M(m_t), \quad \hat v_t = Q_V(v_t),
+  \\
+  W_t = W_{t-1} + u_t,
+  ```
+
+  where `q_W = D \circ Q` in ``formats['w']`` with a straight-through
+  gradient (`\partial f / \partial W = \nabla f(\bar W_t)`;
+  [`fake_quantize_params`][optax_q.fake_quantize_params] on every float leaf
+  of rank >= 1), `q_G = D \circ Q` in ``formats['g']``
+  ([`quantize_gradients`][optax_q.quantize_gradients]), and `Q_M`, `Q_V`
+  encode the optimizer's first and second moments (its ``mu`` or ``trace``,
+  and ``nu`` or ``nu_max`` fields) in ``formats['m']`` and ``formats['v']``
+  ([`quantize_state`][optax_q.quantize_state]); the optimizer ``opt`` runs
+  in float32 and its update comes from the float32 `m_t, v_t`. A component
+  without a format is the identity. Use:
 
   ```python
   q = optax_q.quantized_training({'g': 'e5m2', 'w': 'e4m3',

@@ -417,7 +417,7 @@ def eco(
     seed: int = 0,
     quantizer: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-  """Trains quantized parameters without master weights (ECO).
+  r"""Trains quantized parameters without master weights (ECO).
 
   ``update(grads, state, params)`` takes ``params`` with
   [`QArray`][optax_q.QArray] leaves (from
@@ -429,6 +429,41 @@ def eco(
   quantized parameter, the new [`QArray`][optax_q.QArray] (apply them with
   [`optax_q.apply_updates`][optax_q.apply_updates]), for a plain one the inner
   update: ``eco`` goes last in an ``optax.chain`` (clipping before it).
+
+  Step `t` (Adam's bias-correction count) takes the stored weights
+  `\hat\theta_{t-1}` to `\hat\theta_t`: ``inner`` runs on
+  `\theta_{t-1} = D(\hat\theta_{t-1})` and gives the update `u_t` and its
+  first moment `\tilde m_t`, then
+
+  ```tex
+  \tilde\theta_t = \theta_{t-1} + u_t, \qquad
+  \hat\theta_t = Q(\tilde\theta_t), \qquad
+  e_t = \tilde\theta_t - D(\hat\theta_t),
+  \\
+  m_t = \tilde m_t + \frac{1 - \eta_t \lambda}{\eta_t}\, \gamma_t
+    \Big(1 - \frac{1}{\beta}\Big)\, e_t, \qquad
+  \gamma_t = \begin{cases}
+    1 & \text{SGD with momentum,} \\
+    (1 - \beta_1^t) \Big(\sqrt{\dfrac{v_t}{1 - \beta_2^t}
+      + \epsilon_{root}} + \epsilon\Big) & \text{Adam,}
+  \end{cases}
+  ```
+
+  where `Q` encodes in the parameter's own layout (format, scales) with
+  ``rounding`` and `D` decodes (as in
+  [`quantize_state`][optax_q.quantize_state]), `\eta_t`, `\lambda` and
+  `\beta` (``momentum`` or ``b1``) are this step's hyperparameters of
+  ``inner``, `v_t` is Adam's second moment after the step, and `m_t`
+  replaces `\tilde m_t` in ``inner``'s state (the paper's Algorithms 2
+  and 3, with the factor `1 - \eta_t \lambda` of decoupled weight decay;
+  1 with ``decay_factor=False``). For SGD with a constant learning rate,
+  the residual comes back whole through the momentum's future steps:
+  `-\eta \sum_{k \ge 1} \beta^k \cdot \frac{1}{\eta}
+  (1 - \frac{1}{\beta})\, e_t = e_t` (without weight decay); for Adam
+  this holds while `\gamma_t` changes slowly. ``variant='exact'``
+  keeps `e_t` in the state and injects
+  `\frac{1 - \eta_t \lambda}{\eta_t} \gamma_t (e_{t-1} - e_t / \beta)`
+  instead; ``'naive'`` injects nothing (`m_t = \tilde m_t`).
 
   ``inner`` is SGD with momentum or Adam/AdamW built with
   ``optax.inject_hyperparams`` (``optax.sgd``, ``optax.adam``,

@@ -91,7 +91,7 @@ def quantize_gradients(
     block_size: int = 128,
     seed: int = 0,
 ) -> optax.GradientTransformationExtraArgs:
-  """Rounds the incoming gradients to ``fmt``; place it first in a chain.
+  r"""Rounds the incoming gradients to ``fmt``; place it first in a chain.
 
   Each floating-point leaf (scalars included) is divided by its scales,
   rounded to ``fmt``'s grid, and decoded back to its dtype: the gradient
@@ -99,7 +99,20 @@ def quantize_gradients(
   the weights' ([`fake_quantize_params`][optax_q.fake_quantize_params]) and the
   moments' ([`quantize_state`][optax_q.quantize_state]);
   [`quantized_training`][optax_q.quantized_training] sets all four. Non-float
-  leaves and ``None`` pass through.
+  leaves and ``None`` pass through. With `G` the grid of ``fmt``, `g_{\max}`
+  its largest value and one scale `s_b` per group `b` of elements (a block
+  of ``block_size`` along the last axis, a row, the tensor; `s_b = 1` with
+  ``'none'``), a gradient `g_t` becomes
+
+  ```tex
+  q_G(g_t) = D(Q(g_t)), \qquad
+  D(Q(g_t))_i = s_b\, R_G\!\left(\frac{g_{t,i}}{s_b}\right), \qquad
+  s_b = \frac{\max_{j \in b} |g_{t,j}|}{g_{\max}},
+  ```
+
+  with `R_G` the rounding of [`quantize_state`][optax_q.quantize_state]:
+  to nearest (ties to even), or stochastically to a neighbour so that
+  `E[q_G(g_t)] = g_t`, with bits drawn afresh at every step.
 
   Args:
     fmt: Any signed core format (see [`get_format`][optax_q.get_format]):

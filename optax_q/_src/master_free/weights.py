@@ -314,13 +314,26 @@ def quantize_params(
     seed: int = 0,
     scale: Any = validation.UNSET,
 ) -> Any:
-  """Stores chosen parameter leaves as [`QArray`][optax_q.QArray]s.
+  r"""Stores chosen parameter leaves as [`QArray`][optax_q.QArray]s.
 
   The chosen leaves then live in ``fmt``: their float copy is gone (the
   caller drops the float tree), a forward pass decodes them
   ([`dequantize_params`][optax_q.dequantize_params], inside the compiled step),
   and [`optax_q.eco`][optax_q.eco] with [`apply_updates`][optax_q.apply_updates]
   trains them without master weights. Other leaves are returned as they are.
+  A chosen leaf `w` becomes `\hat w = Q(w)`: with `G` the grid of ``fmt``,
+  `g_{\max}` its largest value and, by default, one scale per row `r` (the
+  slice along the last axis; per block, per tensor, or `s = 1` with the
+  other scale modes), it stores the scales and codes
+
+  ```tex
+  s_r = \frac{\max_j |w_{rj}|}{g_{\max}}, \qquad
+  c_{rj} = R_G\!\left(\frac{w_{rj}}{s_r}\right), \qquad
+  D(\hat w)_{rj} = s_r\, c_{rj},
+  ```
+
+  with `R_G` the rounding of [`quantize_state`][optax_q.quantize_state]
+  (to nearest by default) and `D` the decoding.
 
   Args:
     params: A parameter pytree (plain arrays, e.g. Flax Linen params).
@@ -525,7 +538,7 @@ def fake_quantize_params(
     seed: int | jax.Array = 0,
     step: int | jax.Array = 0,
 ) -> Any:
-  """The weights a forward pass sees with float32 master weights.
+  r"""The weights a forward pass sees with float32 master weights.
 
   Each chosen leaf is quantized to ``fmt`` and decoded (the same codec as
   [`quantize_params`][optax_q.quantize_params]); the gradient passes straight
@@ -533,7 +546,17 @@ def fake_quantize_params(
   the gradient taken at the quantized ones (the "with master weights" baselines
   of the ECO paper, and quantization-aware training of the weights). The
   rounding is computed in the codec's explicit arithmetic, so ``jit``
-  cannot elide it.
+  cannot elide it. For a loss `f` and a chosen leaf `w`:
+
+  ```tex
+  \bar w = D(Q(w)), \qquad
+  \frac{\partial f(\bar w)}{\partial w} = \nabla f(\bar w),
+  ```
+
+  with `Q` and `D` as in [`quantize_params`][optax_q.quantize_params] (the
+  scales of `w` itself; stochastic rounding draws its bits from ``seed``,
+  ``step`` and the leaf), the Jacobian of the rounding taken as the
+  identity.
 
   Args:
     params: Float parameters (the master weights).

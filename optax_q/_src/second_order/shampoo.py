@@ -200,25 +200,49 @@ def scale_by_shampoo(
   r"""Shampoo's preconditioned direction, grafted to Adam's norm.
 
   For a parameter of rank >= 2, read as a matrix (see below) and cut into
-  blocks of at most ``max_preconditioner_dim`` rows and columns, each
-  block keeps the factor statistics `L = \mathrm{EMA}_\beta[G G^T]`
-  and `R = \mathrm{EMA}_\beta[G^T G]` (bias-corrected), refreshes
-  their eigendecompositions `L = Q_L \Lambda_L Q_L^T` every
-  ``precondition_frequency`` updates (the first update included), and
-  preconditions the gradients' EMA `\hat m` as
+  blocks of at most ``max_preconditioner_dim`` rows and columns, a step
+  computes for each block `G_t` of the gradient (`G_t^2` elementwise):
 
   ```tex
-  D = Q_L (\Lambda_L + \epsilon \lambda_{max})^{-1/4} Q_L^T \, \hat m \,
-      Q_R (\Lambda_R + \epsilon \lambda_{max})^{-1/4} Q_R^T,
+  m_t = \beta_1 m_{t-1} + (1 - \beta_1) G_t, \qquad
+  v_t = \beta_2 v_{t-1} + (1 - \beta_2) G_t^2, \qquad
+  \hat m_t = \frac{m_t}{1 - \beta_1^{k_m}}, \quad
+  \hat v_t = \frac{v_t}{1 - \beta_2^{k_v}},
+  \\
+  L_t = \beta L_{t-1} + (1 - \beta) G_t G_t^\top, \qquad
+  R_t = \beta R_{t-1} + (1 - \beta) G_t^\top G_t,
+  \\
+  P_t = Q_L \big(\Lambda_L + \delta \lambda_{\max}(\Lambda_L)\big)^{-1/4}
+    Q_L^\top \, \hat m_t \,
+    Q_R \big(\Lambda_R + \delta \lambda_{\max}(\Lambda_R)\big)^{-1/4}
+    Q_R^\top,
+  \\
+  u_t = \frac{\|A_t\|_F}{\|P_t\|_F}\, P_t, \qquad
+  A_t = \frac{\hat m_t}{\sqrt{\hat v_t} + \epsilon}
+  \ (\texttt{'adam'}), \quad \hat m_t\ (\texttt{'sgd'}),
   ```
 
-  then rescales each block of `D` to the norm of the same block of
-  the grafting direction: Adam's `\hat m / (\sqrt{\hat v} +
-  \epsilon)` (``'adam'``), `\hat m` (``'sgd'``) or not at all
-  (``'none'``). Parameters of rank < 2 (and matrices with one row or one
-  column) take the grafting direction itself: with ``'sgd'`` and
-  ``'none'`` that is `\hat m`, a step that scales with the
-  gradients while the preconditioned ones do not.
+  with `\beta` = ``shampoo_beta``, `\delta` = ``matrix_eps``, `k` each
+  field's local age (updates since its last reset: the step count when
+  nothing resets it), and
+
+  ```tex
+  Q_L \Lambda_L Q_L^\top = \frac{L_t}{1 - \beta^{k_S}}, \qquad
+  Q_R \Lambda_R Q_R^\top = \frac{R_t}{1 - \beta^{k_S}}
+  ```
+
+  the eigendecompositions (columns by decreasing eigenvalue) taken at
+  every ``precondition_frequency``-th update (the first update included),
+  after the statistics take `G_t`, and kept in between. `u_t` takes each
+  block of `P_t` to the norm of the same block of the grafting direction
+  `A_t` (``'none'``: `u_t = P_t`). A side whose eigenvalues were all zero
+  at the last refresh (only zero gradients so far) has the identity for
+  its factor, and a refresh whose statistic or result is not finite keeps
+  that block's last good `Q, \Lambda`. Parameters of rank < 2 (and
+  matrices with one row or one column) take `u_t = A_t`: with ``'sgd'``
+  and ``'none'`` that is `\hat m_t`, a step that scales with the gradients
+  while the preconditioned ones do not.
+
   The statistics are held in the current eigenbasis
   (`Q_L^T L Q_L`, diagonal right after a refresh), so that a
   quantized statistic keeps each eigen-direction to its own relative
@@ -226,10 +250,9 @@ def scale_by_shampoo(
 
   A parameter of rank > 2 is read as the matrix whose rows are its leading
   axes and whose columns are the others, split where the two are most
-  nearly equal (a ``(128, 4, 32)`` kernel is ``128 x 128``). A refresh
-  whose statistic or result is not finite keeps that block's last good
-  preconditioner; gradients are clipped to `2^{55}` inside the
-  statistics, so that finite gradients never give non-finite ones.
+  nearly equal (a ``(128, 4, 32)`` kernel is ``128 x 128``). Gradients are
+  clipped to `2^{55}` inside the statistics, so that finite gradients
+  never give non-finite ones.
 
   Args:
     b1: EMA decay of the gradients, in [0, 1).

@@ -215,20 +215,45 @@ def scale_by_soap(
   r"""SOAP: Adam run in the eigenbasis of Shampoo's factor statistics.
 
   For a parameter of rank >= 2, read as a matrix and cut into blocks as in
-  [`optax_q.scale_by_shampoo`][optax_q.scale_by_shampoo], each block keeps the
-  factor statistics `L = \mathrm{EMA}_\beta[G G^T]`, `R = \mathrm{EMA}_\beta[G^T
-  G]` and orthogonal bases `Q_L, Q_R`, and runs Adam on the rotated
-  gradient `G' = Q_L^T G Q_R`, rotating the result back:
-  `Q_L (\hat m' / (\sqrt{\hat v'} + \epsilon)) Q_R^T`. Every
+  [`optax_q.scale_by_shampoo`][optax_q.scale_by_shampoo], each block keeps
+  the factor statistics `L, R` and orthogonal bases `Q_L, Q_R`, and runs
+  Adam on the rotated gradient, rotating the result back. For a block
+  `G_t` of the gradient a step computes (`G_t'^{\,2}` elementwise)
+
+  ```tex
+  L_t = \beta L_{t-1} + (1 - \beta) G_t G_t^\top, \qquad
+  R_t = \beta R_{t-1} + (1 - \beta) G_t^\top G_t, \qquad
+  G'_t = Q_L^\top G_t Q_R,
+  \\
+  m_t = \beta_1 m_{t-1} + (1 - \beta_1) G'_t, \qquad
+  v_t = \beta_2 v_{t-1} + (1 - \beta_2) G_t'^{\,2},
+  \\
+  u_t = Q_L \left(\frac{m_t / (1 - \beta_1^{k_m})}
+    {\sqrt{v_t / (1 - \beta_2^{k_v})} + \epsilon}\right) Q_R^\top,
+  ```
+
+  with `\beta` = ``shampoo_beta`` and `k` each moment's local age
+  (updates since its last reset, the first update not counted). Every
   ``precondition_frequency`` updates (the first included) the bases are
-  refreshed, before the moments take the new gradient: the first time as
-  the eigenvectors of the statistics, later by one QR power iteration
-  `Q \leftarrow \mathrm{qr}(L Q)` on the columns sorted by their
-  estimated eigenvalues `\mathrm{diag}(Q^T L Q)`. The first moment is
-  rotated into the new basis exactly; the second moment is permuted with
-  the columns (Vyas et al., Algorithm 4). Parameters of rank < 2 take plain
-  Adam. As in the reference implementation, the first update only sets up
-  the bases and returns zeros.
+  refreshed after the statistics take `G_t` and before the moments do:
+  the first time as the eigenvectors of `L_1` and `R_1`, later by one QR
+  power iteration on the columns sorted by their estimated eigenvalues
+  `\mathrm{diag}(Q^\top L_t Q)` (the permutation `\pi`, largest `\lambda_1`),
+  with the first moment rotated into the new bases `Q'` exactly and the
+  second permuted with their columns (Vyas et al., Algorithm 4):
+
+  ```tex
+  Q'_L = \mathrm{qr}\big((L_t + 10^{-4} \lambda_1 I)\, Q_L P_L\big),
+  \qquad
+  m_{t-1} \leftarrow Q_L'^\top Q_L\, m_{t-1}\, Q_R^\top Q'_R, \qquad
+  (v_{t-1})_{ij} \leftarrow (v_{t-1})_{\pi_L(i)\, \pi_R(j)},
+  ```
+
+  and `Q'_R` likewise from `R_t` (`P` is the permutation matrix of `\pi`;
+  the small shift keeps a column of a zero eigenvalue where it is). The
+  first update only sets up the bases: it returns zeros and leaves the
+  moments as they are, as in the reference implementation. Parameters of
+  rank < 2 take plain Adam (`Q_L = Q_R = I`), from the second update on.
 
   The statistics are held in the current basis (`Q_L^T L Q_L`),
   which a power iteration reads without forming `L`. A refresh whose
