@@ -85,31 +85,22 @@ def _map_fields(fn, names, state, *rest):
   return state_tree.map_fields(fn, names, state, *rest, skip=_inner_of)
 
 
-def _state_names(state) -> tuple[set[str], set[str]]:
-  """(float field names, int field names) of a state's leaves."""
-  return state_tree.field_names(state, skip=_inner_of)
-
-
-def _encoded_zeros(q: QArray) -> QArray:
-  """A `QArray` of exact zeros with the layout of ``q``.
-
-  Scaled formats get scale 0 (an all-zero block), which decodes to exact
-  zeros even on grids without zero (``fp4_e2m2u``). The codes and scales
-  of zero are constants (`qarray.zeros`), not an encoding of constant zeros
-  in the step.
-  """
-  z = qarray_lib.zeros(q.shape, q.fmt, scale_mode=q.scale_mode,
-                       block_size=q.block_size or 2, dtype=q.dtype)
-  return dataclasses.replace(
-      z, codes=z.codes.astype(q.codes.dtype),
-      scale=None if z.scale is None else z.scale.astype(q.scale.dtype))
-
-
 def _select(pred: jax.Array, x: Any) -> Any:
-  """``x`` where not ``pred``; zeros (encoded zeros for QArrays) where it is."""
+  """``x`` where not ``pred``; zeros where it is.
+
+  A `QArray` becomes exact zeros in its own layout: the codes and scales of
+  `qarray.zeros` (constants, not an encoding of zeros in the step), cast to
+  the dtypes of ``x``'s codes and scales. Scaled formats get scale 0 (an
+  all-zero block), which decodes to exact zeros even on grids without zero
+  (``fp4_e2m2u``).
+  """
   if qarray_lib.is_qarray(x):
+    z = qarray_lib.zeros(x.shape, x.fmt, scale_mode=x.scale_mode,
+                         block_size=x.block_size or 2, dtype=x.dtype)
+    zeros = dataclasses.replace(
+        z, codes=z.codes.astype(x.codes.dtype),
+        scale=None if z.scale is None else z.scale.astype(x.scale.dtype))
     # Sharded as ``x`` (on Explicit axes a select needs equal shardings).
-    zeros = _encoded_zeros(x)
     return jax.tree.map(lambda z, v: jnp.where(pred, explicit.like(z, v), v),
                         zeros, x)
   if not hasattr(x, 'dtype'):
@@ -117,22 +108,15 @@ def _select(pred: jax.Array, x: Any) -> Any:
   return jnp.where(pred, jnp.zeros_like(x), x)
 
 
-def _identity_like(s: jax.Array, weight: float) -> jax.Array:
-  """``weight * mean(diag S) * I`` per trailing square matrix: the scaled
-  identity a factor statistic is reset to (zero would leave an inverse root
-  unbounded). A non-finite statistic (after a NaN gradient) restarts from
-  zero."""
-  mean = jnp.mean(jnp.diagonal(s, axis1=-2, axis2=-1), axis=-1)
-  finite = jnp.all(jnp.isfinite(s), axis=(-2, -1))
-  mean = jnp.where(jnp.isfinite(mean) & finite, mean, 0.0)
-  eye = jnp.broadcast_to(jnp.eye(s.shape[-1], dtype=jnp.float32), s.shape)
-  return (weight * jnp.maximum(mean, 0.0))[..., None, None] * eye
-
-
 def _select_identity(pred: jax.Array, x: Any, weight: Any) -> Any:
-  """``x`` where not ``pred``; where it is, every trailing square matrix
-  replaced by ``weight`` times its mean diagonal times the identity (the
-  reset of a factor statistic, whose inverse root zero would break)."""
+  """``x`` where not ``pred``; where it is, the scaled identity a factor
+  statistic is reset to (zero would leave its inverse root unbounded).
+
+  Every trailing square matrix ``S`` becomes
+  ``weight * max(mean(diag S), 0) * I``, stored as ``x`` is: cast to its
+  dtype, or encoded in the layout of a `QArray`. A non-finite statistic
+  (after a NaN gradient) restarts from zero.
+  """
   if not (qarray_lib.is_qarray(x) or hasattr(x, 'dtype')):
     return x
   if len(x.shape) < 2 or x.shape[-1] != x.shape[-2]:
@@ -141,10 +125,15 @@ def _select_identity(pred: jax.Array, x: Any, weight: Any) -> Any:
         f'got a state leaf of shape {tuple(x.shape)}.')
 
   def reset(v):
+    s = qarray_lib.decode(v) if qarray_lib.is_qarray(v) else v
+    mean = jnp.mean(jnp.diagonal(s, axis1=-2, axis2=-1), axis=-1)
+    finite = jnp.all(jnp.isfinite(s), axis=(-2, -1))
+    mean = jnp.where(jnp.isfinite(mean) & finite, mean, 0.0)
+    eye = jnp.broadcast_to(jnp.eye(s.shape[-1], dtype=jnp.float32), s.shape)
+    identity = (weight * jnp.maximum(mean, 0.0))[..., None, None] * eye
     if not qarray_lib.is_qarray(v):
-      return _identity_like(v, weight).astype(v.dtype)
-    new = qarray_lib.encode_like(v, _identity_like(
-        qarray_lib.decode(v), weight), key=None)
+      return identity.astype(v.dtype)
+    new = qarray_lib.encode_like(v, identity, key=None)
     return dataclasses.replace(
         new, codes=new.codes.astype(v.codes.dtype),
         scale=None if new.scale is None else new.scale.astype(v.scale.dtype))
@@ -152,34 +141,28 @@ def _select_identity(pred: jax.Array, x: Any, weight: Any) -> Any:
   return jax.lax.cond(pred, reset, lambda v: v, x)
 
 
-def _check_where(where: Any, fields: tuple[str, ...]) -> dict[str, jax.Array]:
-  """``{field: flag}`` from ``where`` (one flag or a dict of them)."""
-  if not isinstance(where, Mapping):
-    flag = validation.check_flag(where, 'where')
-    return {f: flag for f in fields}
-  unknown = sorted(set(where) - set(fields), key=repr)
-  if unknown:
-    raise ValueError(
-        f'where names field(s) {unknown} that are not in fields={fields}.')
-  return {f: validation.check_flag(where.get(f, False), f'where[{f!r}]')
-          for f in fields}
-
-
 def reset_where(
     state: optax.OptState,
     where: Mapping[str, jax.typing.ArrayLike] | jax.typing.ArrayLike,
     fields: Sequence[str] = ADAM_MOMENTS,
 ) -> optax.OptState:
-  """Zeroes the named fields of any optimizer state where a flag is set.
+  r"""Zeroes the named fields of any optimizer state where a flag is set.
 
   Every array leaf under a state field named in ``fields`` (the innermost
   ``NamedTuple`` attribute on its path, e.g. ``'mu'`` of
   ``ScaleByAdamState``, at any depth: inside chains, ``optax.masked``,
   ``optax.partition`` and [`quantize_state`][optax_q.quantize_state]) is
-  replaced by zeros when its flag is true. Quantized leaves become encoded zeros
-  with the same codes dtype, shape and scale layout. Flags may be traced: the
-  selection is a ``jnp.where``, so this is safe under ``jit`` and never
-  recompiles.
+  replaced by zeros when its flag is true: for each leaf `x` of a field `f`
+  with flag `w_f`,
+
+  ```tex
+  x \leftarrow \begin{cases} 0 & \text{if } w_f, \\
+    x & \text{otherwise.} \end{cases}
+  ```
+
+  Quantized leaves become encoded zeros with the same codes dtype, shape and
+  scale layout. Flags may be traced: the selection is a ``jnp.where``, so this
+  is safe under ``jit`` and never recompiles.
 
   Args:
     state: Any optimizer state.
@@ -203,15 +186,29 @@ def reset_where(
     >>> state = optax_q.reset_where(state, True, fields=('nu',))
     >>> state.nu['w']
     Array([0., 0., 0.], dtype=float32)
+
+  References:
+    Topollai & Choromanska, [Understanding Quantization of Optimizer States
+    in LLM Pre-training: Dynamics of State Staleness and Effectiveness of
+    State Resets](https://arxiv.org/abs/2603.16731), 2026 (Algorithm 1)
   """
   fields = validation.check_names(fields, 'fields')
-  floats, ints = _state_names(state)
+  floats, ints = state_tree.field_names(state, skip=_inner_of)
   unknown = sorted(set(fields) - floats - ints)
   if unknown:
     raise ValueError(
         f'fields names state field(s) {unknown} that this state does not '
         f'have; its fields are {sorted(floats | ints)}.')
-  flags = _check_where(where, fields)
+  if isinstance(where, Mapping):
+    unknown = sorted(set(where) - set(fields), key=repr)
+    if unknown:
+      raise ValueError(
+          f'where names field(s) {unknown} that are not in fields={fields}.')
+    flags = {f: validation.check_flag(where.get(f, False), f'where[{f!r}]')
+             for f in fields}
+  else:
+    flag = validation.check_flag(where, 'where')
+    flags = {f: flag for f in fields}
   return _map_fields(
       lambda name, x: x if name is None else _select(flags[name], x),
       frozenset(fields), state)
@@ -225,42 +222,6 @@ def reset_where(
 def _check_unit(value: Any, name: str) -> Any:
   """A real number in the open interval (0, 1); jax.Arrays unchecked."""
   return validation.check_number(value, name, low=0.0, high=1.0, closed='()')
-
-
-def _check_counters(counters: Any, named: Sequence[str]) -> dict[str, tuple]:
-  """``{field: (counter, ...)}`` from ``counters`` (checked)."""
-
-  def check(f, cs):
-    cs = (cs,) if isinstance(cs, str) else cs
-    if not (isinstance(cs, Sequence) and all(isinstance(c, str) for c in cs)):
-      raise ValueError(
-          f'counters[{f!r}] must be an integer state field name (str) or a '
-          f'sequence of them, e.g. {{{f!r}: {"count_" + f!r}}}; got '
-          f'{validation.short(cs)}.')
-    return tuple(cs)
-
-  out = validation.check_field_map(
-      counters, 'counters', check,
-      'a dict {field: counter field name or a sequence of them}')
-  unknown = sorted(set(out) - set(named))
-  if unknown:
-    raise ValueError(
-        f'counters names field(s) {unknown} that are not reset; the fields '
-        f'to reset are {sorted(named)}.')
-  return out
-
-
-def _check_every(every: Any, fields: Any, name: str = 'reset_every'
-                 ) -> dict[str, Any]:
-  """``{field: period, 'adaptive' or None}`` for ``every`` (checked)."""
-  fields = validation.check_names(fields, 'fields')
-  if not isinstance(every, Mapping):
-    period = validation.check_period(every, name, (ADAPTIVE,))
-    return {f: period for f in fields}
-  return validation.check_field_map(
-      every, name,
-      lambda f, p: validation.check_period(p, f'{name}[{f!r}]', (ADAPTIVE,)),
-      'a dict')
 
 
 class _Plan(NamedTuple):
@@ -289,68 +250,85 @@ class _Plan(NamedTuple):
     return frozenset(self.periods) | frozenset(self.counters)
 
 
-def _check_reset_to(reset_to: Any, periods: Mapping[str, Any]
-                    ) -> dict[str, str]:
-  """``{field: 'identity'}`` from ``reset_to`` (checked; 'zeros' dropped)."""
-  if reset_to is None:
-    return {}
-  out = validation.check_field_map(
-      reset_to, 'reset_to', lambda f, v: validation.check_choice(
-          v, f'reset_to[{f!r}]', RESET_VALUES), 'a dict {field: value}')
-  unknown = sorted(set(out) - set(periods))
-  if unknown:
-    raise ValueError(
-        f'reset_to names field(s) {unknown} that are not reset; the fields '
-        f'to reset are {sorted(periods)}.')
-  return {f: v for f, v in out.items() if v != 'zeros'}
-
-
 def _plan(every, name, *, fields, counters, groups, decay, s0, p_ss,
           reset_to=None) -> _Plan:
   """Checks `reset_state`'s arguments (not yet against the state)."""
-  named = _check_every(every, fields, name)
+  fields = validation.check_names(fields, 'fields')
+  if isinstance(every, Mapping):
+    named = validation.check_field_map(
+        every, name,
+        lambda f, p: validation.check_period(p, f'{name}[{f!r}]', (ADAPTIVE,)),
+        'a dict')
+  else:
+    period = validation.check_period(every, name, (ADAPTIVE,))
+    named = {f: period for f in fields}
   periods = {f: p for f, p in named.items() if p is not None}
   decay = _check_unit(decay, 'decay')
   s0 = _check_unit(s0, 's0')
   p_ss = validation.check_number(p_ss, 'p_ss', low=0.0, high=1.0,
                                  closed='(]', concrete=True)
   groups = validation.check_groups(groups, tuple(periods))
-  counter_map: dict[str, list[str]] = {}
+
+  # Counters: {field: counter field names} in, {counter: [fields]} out.
+  def check_counters(f, cs):
+    cs = (cs,) if isinstance(cs, str) else cs
+    if not (isinstance(cs, Sequence) and all(isinstance(c, str) for c in cs)):
+      raise ValueError(
+          f'counters[{f!r}] must be an integer state field name (str) or a '
+          f'sequence of them, e.g. {{{f!r}: {"count_" + f!r}}}; got '
+          f'{validation.short(cs)}.')
+    return tuple(cs)
+
   if counters is None:
     counters = {f: f'count_{f}' for f in periods}
-  for f, cs in _check_counters(counters, tuple(named)).items():
+  counters = validation.check_field_map(
+      counters, 'counters', check_counters,
+      'a dict {field: counter field name or a sequence of them}')
+  unknown = sorted(set(counters) - set(named))
+  if unknown:
+    raise ValueError(
+        f'counters names field(s) {unknown} that are not reset; the fields '
+        f'to reset are {sorted(named)}.')
+  counter_map: dict[str, list[str]] = {}
+  for f, cs in counters.items():
     for c in cs if f in periods else ():
       counter_map.setdefault(c, []).append(f)
-  return _Plan(periods, counter_map, groups, decay, s0, p_ss,
-               _check_reset_to(reset_to, periods))
 
-
-def _check_identity_fields(plan: _Plan, inner) -> None:
-  """Raises if a field reset to ``'identity'`` holds a leaf that is not a
-  stack of square matrices (on the probe state)."""
-  state = state_tree.probe_state(inner)
-  if state is None or not plan.reset_to:
-    return
-  bad = []
-
-  def visit(name, leaf):
-    shape = getattr(leaf, 'shape', None)
-    if name in plan.reset_to and shape is not None and (
-        len(shape) < 2 or shape[-1] != shape[-2]):
-      bad.append((name, tuple(shape)))
-    return leaf
-
-  _map_fields(visit, frozenset(plan.reset_to), state)
-  if bad:
-    raise ValueError(
-        f"reset_to[{bad[0][0]!r}]='identity' needs square matrices in the "
-        f"last two axes (factor statistics); {bad[0][0]!r} has a leaf of "
-        f'shape {bad[0][1]} on a probe tree.')
+  # What each field is reset to: {field: 'identity'} ('zeros' is dropped).
+  if reset_to is None:
+    reset_to = {}
+  else:
+    reset_to = validation.check_field_map(
+        reset_to, 'reset_to', lambda f, v: validation.check_choice(
+            v, f'reset_to[{f!r}]', RESET_VALUES), 'a dict {field: value}')
+    unknown = sorted(set(reset_to) - set(periods))
+    if unknown:
+      raise ValueError(
+          f'reset_to names field(s) {unknown} that are not reset; the fields '
+          f'to reset are {sorted(periods)}.')
+    reset_to = {f: v for f, v in reset_to.items() if v != 'zeros'}
+  return _Plan(periods, counter_map, groups, decay, s0, p_ss, reset_to)
 
 
 def _check_plan(plan: _Plan, inner, counters_given: bool) -> None:
   """Checks the fields of ``plan`` against ``inner``'s (probed) state."""
-  _check_identity_fields(plan, inner)
+  state = state_tree.probe_state(inner)
+  if state is not None and plan.reset_to:
+    bad = []
+
+    def visit(name, leaf):
+      shape = getattr(leaf, 'shape', None)
+      if name in plan.reset_to and shape is not None and (
+          len(shape) < 2 or shape[-1] != shape[-2]):
+        bad.append((name, tuple(shape)))
+      return leaf
+
+    _map_fields(visit, frozenset(plan.reset_to), state)
+    if bad:
+      raise ValueError(
+          f"reset_to[{bad[0][0]!r}]='identity' needs square matrices in the "
+          f"last two axes (factor statistics); {bad[0][0]!r} has a leaf of "
+          f'shape {bad[0][1]} on a probe tree.')
   names = state_tree.probe_field_names(inner, skip=_inner_of)
   if names is None:
     return
@@ -398,23 +376,14 @@ class ResetState(NamedTuple):
   inner_state: optax.OptState
 
 
-def _unchanged(old: Any, new: Any) -> jax.Array:
-  """How many stored values did not change (codes for QArrays).
-
-  For quantized leaves the stored codes are compared, as
-  `optax_q.stall_fraction` does: with block scales that follow the
-  block maximum, the scale moves a little almost every step even where the
-  codes do not, and the codes are what staleness is about.
-  """
-  if qarray_lib.is_qarray(old):
-    return qarray_lib.unchanged_count(old, new)
-  return jnp.sum(old == new, dtype=jnp.float32)
-
-
 def _stalled_fraction(old, new, field: str) -> jax.Array:
-  """Fraction of the elements of ``field`` whose stored value did not change.
+  """`P_k`: the fraction of ``field``'s stored values that did not change.
 
-  Pooled over all leaves of the field, weighted by their sizes.
+  Pooled over all leaves of the field, weighted by their sizes. Quantized
+  leaves compare their stored codes, as `optax_q.stall_fraction` does: with
+  block scales that follow the block maximum, the scale moves a little almost
+  every step even where the codes do not, and the codes are what staleness is
+  about.
   """
   sums = []
 
@@ -423,7 +392,9 @@ def _stalled_fraction(old, new, field: str) -> jax.Array:
       return o
     size = o.size
     if size:
-      sums.append((_unchanged(o, n), size))
+      unchanged = (qarray_lib.unchanged_count(o, n) if qarray_lib.is_qarray(o)
+                   else jnp.sum(o == n, dtype=jnp.float32))
+      sums.append((unchanged, size))
     return o
 
   _map_fields(visit, frozenset({field}), old, new)
@@ -431,71 +402,6 @@ def _stalled_fraction(old, new, field: str) -> jax.Array:
   if not total:
     return jnp.zeros([], jnp.float32)
   return sum(x for x, _ in sums) / jnp.float32(total)
-
-
-def _flags(plan: _Plan, state: ResetState, new_inner):
-  """Advanced ages and accumulators, and the reset flag of every field.
-
-  A periodic field fires after its ``K``-th update; an adaptive one when
-  its accumulated excess staleness per step reaches the statistical error
-  of its age (Algorithm 2; both formulas from ``theory``). A group fires
-  when any of its fields does.
-  """
-  ages, excess, flags = {}, {}, {}
-  for f in sorted(plan.periods):
-    k = optax.safe_increment(state.ages[f])
-    a = state.excess[f]
-    if plan.periods[f] == ADAPTIVE:
-      p = _stalled_fraction(state.inner_state, new_inner, f)
-      a = a + theory.excess_above(p / plan.p_ss, plan.s0, jnp)
-      bk = jnp.power(jnp.asarray(plan.decay, jnp.float32),
-                     k.astype(jnp.float32))
-      flags[f] = a / k.astype(jnp.float32) >= theory.error_of_power(bk)
-    else:
-      flags[f] = k >= plan.periods[f]
-    ages[f], excess[f] = k, a
-  for group in plan.groups:
-    flag = functools.reduce(jnp.logical_or, [flags[f] for f in group])
-    flags.update({f: flag for f in group})
-  return ages, excess, flags
-
-
-def _reset_update(plan: _Plan, inner_ex, updates, state: ResetState,
-                  params=None, **extra_args):
-  updates, new_inner = inner_ex.update(
-      updates, state.inner_state, params, **extra_args)
-  ages, excess, flags = _flags(plan, state, new_inner)
-  resets = {}
-  for f in sorted(plan.periods):
-    ages[f] = jnp.where(flags[f], 0, ages[f])
-    excess[f] = jnp.where(flags[f], 0.0, excess[f])
-    resets[f] = state.resets[f] + flags[f].astype(jnp.int32)
-
-  def reset_leaf(name, x):
-    if name is None:
-      return x
-    if name in plan.reset_to:
-      return _select_identity(flags[name], x, 1 - plan.decay)
-    if name in plan.periods:
-      return _select(flags[name], x)
-    flag = jnp.zeros([], bool)
-    for f in plan.counters[name]:
-      flag = flag | flags[f]
-    return _select(flag, x)
-
-  if plan.periods:
-    new_inner = _map_fields(reset_leaf, plan.targets, new_inner)
-  return updates, ResetState(
-      count=optax.safe_increment(state.count), ages=ages, excess=excess,
-      resets=resets, inner_state=new_inner)
-
-
-def _reset_init(plan: _Plan, inner_ex, params) -> ResetState:
-  zero_i = lambda: {f: jnp.zeros([], jnp.int32) for f in sorted(plan.periods)}
-  return ResetState(
-      count=jnp.zeros([], jnp.int32), ages=zero_i(),
-      excess={f: jnp.zeros([], jnp.float32) for f in sorted(plan.periods)},
-      resets=zero_i(), inner_state=inner_ex.init(params))
 
 
 def reset_state(
@@ -515,10 +421,18 @@ def reset_state(
 
   Each update runs ``inner``, advances every field's local age ``k`` and,
   after the ``K``-th update since the field's last reset, sets the field to
-  zero together with its age counters (Algorithm 1 of the paper). The next
-  update reads a zero state and bias-corrects with ``k = 1``, so the moment
-  restarts like a fresh Adam moment. Parameters, the global step, learning
-  rate schedules and stochastic-rounding counters are never reset.
+  zero together with its age counters (Algorithm 1 of the paper): with
+  `s_f` the field `f` of the inner state and `K_f` its period,
+
+  ```tex
+  (u_t, s) = \mathrm{inner}(g_t, s), \qquad k_f \leftarrow k_f + 1,
+  \qquad \text{if } k_f \ge K_f: \quad s_f \leftarrow 0,\;
+  k_f \leftarrow 0.
+  ```
+
+  The next update reads a zero state and bias-corrects with ``k = 1``, so the
+  moment restarts like a fresh Adam moment. Parameters, the global step,
+  learning rate schedules and stochastic-rounding counters are never reset.
 
   A field is any ``NamedTuple`` attribute of the inner state, at any depth
   (``'mu'``, ``'nu'``, ``'trace'``, preconditioner statistics). When
@@ -614,15 +528,72 @@ def reset_state(
   [`stall_fraction`][optax_q.stall_fraction].
   """
   validation.check_transform(inner)
-  name, every = validation.renamed('every', every, 'reset_every',
-                                   reset_every)
-  plan = _plan(every, name, fields=fields, counters=counters, groups=groups,
+  every_name, every = validation.renamed('every', every, 'reset_every',
+                                         reset_every)
+  plan = _plan(every, every_name, fields=fields, counters=counters, groups=groups,
                decay=decay, s0=s0, p_ss=p_ss, reset_to=reset_to)
   _check_plan(plan, inner, counters is not None)
   inner_ex = optax.with_extra_args_support(inner)
-  return optax.GradientTransformationExtraArgs(
-      functools.partial(_reset_init, plan, inner_ex),
-      functools.partial(_reset_update, plan, inner_ex))
+  reset_fields = sorted(plan.periods)
+
+  def init_fn(params):
+    zero_i = lambda: {f: jnp.zeros([], jnp.int32) for f in reset_fields}
+    return ResetState(
+        count=jnp.zeros([], jnp.int32), ages=zero_i(),
+        excess={f: jnp.zeros([], jnp.float32) for f in reset_fields},
+        resets=zero_i(), inner_state=inner_ex.init(params))
+
+  def update_fn(updates, state, params=None, **extra_args):
+    updates, new_inner = inner_ex.update(
+        updates, state.inner_state, params, **extra_args)
+    # Advance every field's age k and excess staleness A, and decide whether
+    # it fires: a periodic field after its K-th update, an adaptive one when
+    # A / k reaches the statistical error of its age (Algorithm 2). A group
+    # fires when any of its fields does.
+    ages, excess, flags = {}, {}, {}
+    for f in reset_fields:
+      k = optax.safe_increment(state.ages[f])
+      a = state.excess[f]
+      if plan.periods[f] == ADAPTIVE:
+        p = _stalled_fraction(state.inner_state, new_inner, f)
+        a = a + theory.excess_above(p / plan.p_ss, plan.s0, jnp)
+        bk = jnp.power(jnp.asarray(plan.decay, jnp.float32),
+                       k.astype(jnp.float32))
+        flags[f] = a / k.astype(jnp.float32) >= theory.error_of_power(bk)
+      else:
+        flags[f] = k >= plan.periods[f]
+      ages[f], excess[f] = k, a
+    for group in plan.groups:
+      flag = functools.reduce(jnp.logical_or, [flags[f] for f in group])
+      flags.update({f: flag for f in group})
+
+    # Fired fields restart: their age and excess, the field (to zeros or a
+    # scaled identity) and the counters it is zeroed with.
+    resets = {}
+    for f in reset_fields:
+      ages[f] = jnp.where(flags[f], 0, ages[f])
+      excess[f] = jnp.where(flags[f], 0.0, excess[f])
+      resets[f] = state.resets[f] + flags[f].astype(jnp.int32)
+
+    def reset_leaf(name, x):
+      if name is None:
+        return x
+      if name in plan.reset_to:
+        return _select_identity(flags[name], x, 1 - plan.decay)
+      if name in plan.periods:
+        return _select(flags[name], x)
+      flag = jnp.zeros([], bool)
+      for f in plan.counters[name]:
+        flag = flag | flags[f]
+      return _select(flag, x)
+
+    if plan.periods:
+      new_inner = _map_fields(reset_leaf, plan.targets, new_inner)
+    return updates, ResetState(
+        count=optax.safe_increment(state.count), ages=ages, excess=excess,
+        resets=resets, inner_state=new_inner)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 # -----------------------------------------------------------------------------
@@ -850,7 +821,7 @@ def _auto_period(fmt: Any, b2: Any, given: str) -> int:
         'instead.') from e
 
 
-def resolve_reset_every(
+def resolve_reset_every(  # pylint: disable=too-many-branches
     reset_every: Any,
     nu_format: Any,
     b2: Any,
@@ -884,7 +855,18 @@ def resolve_reset_every(
       ``b2`` outside ``(0, 1)`` (named first) or a format the stall model
       does not describe.
   """
-  raw = _raw_periods(reset_every)
+  allowed = (AUTO, ADAPTIVE)
+  if isinstance(reset_every, Mapping):
+    unknown = sorted(set(map(str, reset_every)) - set(ADAM_MOMENTS))
+    if unknown:
+      raise ValueError(
+          f'reset_every names unknown moment(s) {unknown}; allowed: '
+          f'{list(ADAM_MOMENTS)}.')
+    raw = {f: validation.check_period(p, f'reset_every[{f!r}]', allowed)
+           for f, p in reset_every.items()}
+  else:
+    p = validation.check_period(reset_every, 'reset_every', allowed)
+    raw = {f: p for f in ADAM_MOMENTS}
   fmt = given = nu_format
   if fmt is not None:
     given = formats_lib.get_format(fmt)
@@ -896,60 +878,38 @@ def resolve_reset_every(
       p = _auto_period(fmt, b2, given)
     if p is not None:
       out[f] = p
+
+  # Warnings, where the policy is likely not what the caller wants.
   for f, p in out.items():
     if isinstance(p, int) and p < 2:
       validation.warn(
           f'reset period {p} for {f!r}: every update restarts the moment, '
           'which turns Adam into sign descent.')
   if 'nu' in out and out.get('mu') != out['nu']:
-    _warn_asymmetric(reset_every, b1, b2, eps)
-  if out:
-    _warn_stall_rate(fmt, given, b2, rounding)
-  return out
-
-
-def _raw_periods(reset_every: Any) -> dict[str, Any]:
-  """``{moment: None, int, 'auto' or 'adaptive'}`` (checked)."""
-  allowed = (AUTO, ADAPTIVE)
-  if not isinstance(reset_every, Mapping):
-    p = validation.check_period(reset_every, 'reset_every', allowed)
-    return {f: p for f in ADAM_MOMENTS}
-  unknown = sorted(set(map(str, reset_every)) - set(ADAM_MOMENTS))
-  if unknown:
-    raise ValueError(
-        f'reset_every names unknown moment(s) {unknown}; allowed: '
-        f'{list(ADAM_MOMENTS)}.')
-  return {f: validation.check_period(p, f'reset_every[{f!r}]', allowed)
-          for f, p in reset_every.items()}
-
-
-def _warn_asymmetric(reset_every, b1, b2, eps) -> None:
-  """Warns that second-moment-only resets rely on Adam's update bound."""
-  try:
-    bound = f'{_update_bound(b1, b2, False):.3g}'
-  except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
-    bound = '(1 - b1) / (sqrt(1 - b2) (1 - b1 / sqrt(b2)))'
-  small_eps = (isinstance(eps, numbers.Real) and not isinstance(eps, bool)
-               and eps < 1e-6)
-  validation.warn(
-      f'Resetting nu without mu (reset_every={reset_every!r}): the first '
-      'update after each such reset divides the carried-over momentum by '
-      'the square root of a one-step second moment, |g| + eps, which is '
-      'tiny where the current gradient is. The update is clipped to '
-      f"Adam's bound C = {bound} per coordinate (before the learning rate; "
-      'Adam without resets never exceeds it), so such steps can still be '
-      'up to C times the size of an Adam step on a fresh moment. '
-      + ('At eps < 1e-6 such steps are frequent. ' if small_eps else '')
-      + 'Give both moments the same policy to reset them together.')
-
-
-def _warn_stall_rate(fmt, given: str, b2, rounding: str) -> None:
-  """Warns where the stall model predicts that resets are not needed."""
+    # Second-moment-only resets rely on Adam's update bound.
+    try:
+      bound = f'{_update_bound(b1, b2, False):.3g}'
+    except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+      bound = '(1 - b1) / (sqrt(1 - b2) (1 - b1 / sqrt(b2)))'
+    small_eps = (isinstance(eps, numbers.Real) and not isinstance(eps, bool)
+                 and eps < 1e-6)
+    validation.warn(
+        f'Resetting nu without mu (reset_every={reset_every!r}): the first '
+        'update after each such reset divides the carried-over momentum by '
+        'the square root of a one-step second moment, |g| + eps, which is '
+        'tiny where the current gradient is. The update is clipped to '
+        f"Adam's bound C = {bound} per coordinate (before the learning rate; "
+        'Adam without resets never exceeds it), so such steps can still be '
+        'up to C times the size of an Adam step on a fresh moment. '
+        + ('At eps < 1e-6 such steps are frequent. ' if small_eps else '')
+        + 'Give both moments the same policy to reset them together.')
+  if not out:
+    return out
   if fmt is None or fmt.is_identity:
     validation.warn(
         'Resets enabled on float32 moments: they do not stall, and the paper '
         'finds resets slightly hurt there.')
-    return
+    return out
   try:
     p_ss = theory.stall_probability(fmt, b2, rounding)
   except (ValueError, TypeError, jax.errors.ConcretizationTypeError):
@@ -959,6 +919,7 @@ def _warn_stall_rate(fmt, given: str, b2, rounding: str) -> None:
         f'Resets enabled, but the predicted steady-state stall rate of '
         f'nu_format={given!r} at b2={b2} is only {p_ss:.2f}; resets '
         'are not indicated there.')
+  return out
 
 
 def default_decay(b2: Any, adaptive: bool) -> Any:
