@@ -155,10 +155,19 @@ def _grads(step, params):
                       helpers.grads(step, params), params)
 
 
+_TRANSFORMS: dict[tuple[str, bool], optax.GradientTransformation] = {}
+
+
 def _make(case: Case, fp32: bool) -> optax.GradientTransformation:
-  with warnings.catch_warnings():
-    warnings.simplefilter('ignore')  # Resets on fp32 moments warn.
-    return case.make(fp32)
+  """The case's transform, one object per (case, fp32) for the whole run:
+  `_step` compiles one step per transform, so the tests of a case share
+  their compiled steps instead of each compiling its own."""
+  key = (case.name, fp32)
+  if key not in _TRANSFORMS:
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore')  # Resets on fp32 moments warn.
+      _TRANSFORMS[key] = case.make(fp32)
+  return _TRANSFORMS[key]
 
 
 @functools.cache
@@ -168,8 +177,23 @@ def _step(tx):
       optax.apply_updates(p, u), s, u))(*tx.update(g, s, p)))
 
 
+@functools.cache
+def _init(tx):
+  return jax.jit(tx.init)
+
+
+_REFERENCES: dict[str, optax.GradientTransformation] = {}
+
+
+def _reference(case: Case) -> optax.GradientTransformation:
+  """The case's Optax reference, one object per case (as `_make`)."""
+  if case.name not in _REFERENCES:
+    _REFERENCES[case.name] = case.reference()
+  return _REFERENCES[case.name]
+
+
 def _run(tx, params, steps=STEPS, start=0, state=None):
-  state = jax.jit(tx.init)(params) if state is None else state
+  state = _init(tx)(params) if state is None else state
   step = _step(tx)
   updates = []
   for i in range(start, start + steps):
@@ -184,7 +208,7 @@ class MatrixTest(parameterized.TestCase):
   def test_fp32_parity_with_optax(self, case):
     params = _params()
     got = _run(_make(case, True), params)
-    want = _run(case.reference(), params)
+    want = _run(_reference(case), params)
     helpers.assert_trees_equal(got[0], want[0])
     helpers.assert_trees_equal(got[2], want[2])
 
