@@ -311,7 +311,7 @@ class DecisionTest(parameterized.TestCase):
     zones = state[0].stats.zone.tolist()  # ('big', 'calm', 'spiky').
     self.assertEqual([optax_q.ZONES[z] for z in zones],
                      ['magnitude', 'redundant', 'structural'])
-    layout = {k.split('inner_state/')[1]: v
+    layout = {k.split('inner_state/')[-1]: v
               for k, v in optax_q.bit_layout(state).items()}
     self.assertEqual(layout, {  # Three rungs: one factor high -> 4-bit.
         'mu/big': 'nf4/block', 'mu/calm': 'nf3/block',
@@ -322,7 +322,7 @@ class DecisionTest(parameterized.TestCase):
               'nu': ('int3_mulaw', 'ue4m0', 'int8_dynamic', 'bf16')}
     _, state, _, _ = _train(_tx(candidates=ladder, anneal=0.0),
                             self._params(), 8)
-    layout = {k.split('inner_state/')[1]: v
+    layout = {k.split('inner_state/')[-1]: v
               for k, v in optax_q.bit_layout(state).items()}
     self.assertEqual(layout, {
         'mu/big': 'int8_dynamic/block', 'mu/calm': 'nf3/block',

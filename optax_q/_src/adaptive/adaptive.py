@@ -244,8 +244,31 @@ def _check_candidate(value: Any, name: str, nonnegative: bool
   return fmt, mode
 
 
-def _check_ladders(candidates: Any, nonnegative: frozenset[str],
-                   block_size: int):
+def _default_levels(size: int, primary: str) -> tuple[int, int, int, int]:
+  """Levels per zone for a ladder of ``size`` and a field whose primary
+  factor is ``primary``: redundant lowest, critical highest, high in the
+  primary factor alone one below the top, in the other factor alone one
+  above the bottom."""
+  top = size - 1
+  own = max(top - 1, min(1, top))
+  other = 1 if size >= 3 else 0
+  mag, disp = (own, other) if primary == 'magnitude' else (other, own)
+  return (0, disp, mag, top)
+
+
+def _check_adapted(field: Any, name: str, ladders) -> None:
+  """Raises unless ``field`` has candidates."""
+  if field not in ladders:
+    raise ValueError(f'{name} names {field!r}, which has no candidates; '
+                     f'fields: {sorted(ladders)}.')
+
+
+def _config(  # pylint: disable=too-many-branches
+    candidates, *, period, patience, margin, thresholds, decay, anneal,
+    anneal_steps, initial, zone_levels, factors, sample_every, min_size,
+    block_size, nonnegative) -> _Config:
+  """Checks `adaptive_bits`' arguments, in the order of its signature."""
+  # Ladders: {field: ((Format, scale_mode), ...)}, from fewest to most bits.
   if candidates is None:
     candidates = DEFAULT_CANDIDATES
   if not isinstance(candidates, Mapping) or not candidates:
@@ -277,29 +300,9 @@ def _check_ladders(candidates: Any, nonnegative: frozenset[str],
       raise ValueError(f'{name} lists a candidate twice: '
                        f'{[f.name for f, _ in checked]}.')
     ladders[field] = checked
-  return ladders
 
-
-def _default_levels(size: int, primary: str) -> tuple[int, int, int, int]:
-  """Levels per zone for a ladder of ``size`` and a field whose primary
-  factor is ``primary``: redundant lowest, critical highest, high in the
-  primary factor alone one below the top, in the other factor alone one
-  above the bottom."""
-  top = size - 1
-  own = max(top - 1, min(1, top))
-  other = 1 if size >= 3 else 0
-  mag, disp = (own, other) if primary == 'magnitude' else (other, own)
-  return (0, disp, mag, top)
-
-
-def _check_adapted(field: Any, name: str, ladders) -> None:
-  """Raises unless ``field`` has candidates."""
-  if field not in ladders:
-    raise ValueError(f'{name} names {field!r}, which has no candidates; '
-                     f'fields: {sorted(ladders)}.')
-
-
-def _check_table(zone_levels, factors, ladders):
+  # The zone -> level table of each field: the defaults for its primary
+  # factor, then the overrides of zone_levels.
   if factors is not None:
     if not isinstance(factors, Mapping):
       raise ValueError(
@@ -312,44 +315,38 @@ def _check_table(zone_levels, factors, ladders):
   factors = {**DEFAULT_FACTORS, **(factors or {})}
   table = {f: _default_levels(len(l), factors.get(f, 'magnitude'))
            for f, l in ladders.items()}
-  if zone_levels is None:
-    return table
-  if not isinstance(zone_levels, Mapping):
-    raise ValueError(
-        'zone_levels must be a dict {zone: {field: level}} with zones in '
-        f'{ZONES}, got {validation.short(zone_levels)}.')
-  for zone, levels in zone_levels.items():
-    validation.check_choice(zone, 'zone_levels key', ZONES)
-    if not isinstance(levels, Mapping):
-      raise ValueError(f'zone_levels[{zone!r}] must be a dict {{field: '
-                       f'level}}, got {validation.short(levels)}.')
-    for field, level in levels.items():
-      _check_adapted(field, f'zone_levels[{zone!r}]', ladders)
-      level = validation.check_int(
-          level, f'zone_levels[{zone!r}][{field!r}]', low=0,
-          high=len(ladders[field]) - 1)
-      row = list(table[field])
-      row[ZONES.index(zone)] = level
-      table[field] = tuple(row)
-  return table
+  if zone_levels is not None:
+    if not isinstance(zone_levels, Mapping):
+      raise ValueError(
+          'zone_levels must be a dict {zone: {field: level}} with zones in '
+          f'{ZONES}, got {validation.short(zone_levels)}.')
+    for zone, levels in zone_levels.items():
+      validation.check_choice(zone, 'zone_levels key', ZONES)
+      if not isinstance(levels, Mapping):
+        raise ValueError(f'zone_levels[{zone!r}] must be a dict {{field: '
+                         f'level}}, got {validation.short(levels)}.')
+      for field, level in levels.items():
+        _check_adapted(field, f'zone_levels[{zone!r}]', ladders)
+        level = validation.check_int(
+            level, f'zone_levels[{zone!r}][{field!r}]', low=0,
+            high=len(ladders[field]) - 1)
+        row = list(table[field])
+        row[ZONES.index(zone)] = level
+        table[field] = tuple(row)
 
+  # The level of every leaf before its first commit: one below the top.
+  start = {f: max(len(l) - 2, 0) for f, l in ladders.items()}
+  if initial is not None:
+    if isinstance(initial, Mapping):
+      items = initial.items()
+    else:
+      items = [(f, initial) for f in ladders]
+    for field, level in items:
+      _check_adapted(field, 'initial', ladders)
+      start[field] = validation.check_int(
+          level, f'initial[{field!r}]', low=0, high=len(ladders[field]) - 1)
 
-def _check_initial(initial, ladders):
-  levels = {f: max(len(l) - 2, 0) for f, l in ladders.items()}
-  if initial is None:
-    return levels
-  if isinstance(initial, Mapping):
-    items = initial.items()
-  else:
-    items = [(f, initial) for f in ladders]
-  for field, level in items:
-    _check_adapted(field, 'initial', ladders)
-    levels[field] = validation.check_int(
-        level, f'initial[{field!r}]', low=0, high=len(ladders[field]) - 1)
-  return levels
-
-
-def _check_thresholds(thresholds) -> tuple[float, float]:
+  # Thresholds: (magnitude, dispersion), or a dict by factor (default 1).
   if isinstance(thresholds, Mapping):
     unknown = set(thresholds) - set(FACTORS)
     if unknown:
@@ -361,34 +358,23 @@ def _check_thresholds(thresholds) -> tuple[float, float]:
         'thresholds must be (magnitude, dispersion), two positive numbers '
         'relative to the global references, or a dict by factor; got '
         f'{validation.short(thresholds)}.')
-  return tuple(validation.check_number(
+  thresholds = tuple(validation.check_number(
       t, f'thresholds[{i}]', low=0.0, high=1e6, closed='(]', concrete=True)
-               for i, t in enumerate(thresholds))
+                     for i, t in enumerate(thresholds))
 
-
-def _check_margin(margin: Any) -> float:
+  period = validation.check_int(period, 'period', low=1,
+                                high=validation.MAX_PERIOD)
+  patience = validation.check_int(patience, 'patience', low=1, high=1000)
   try:
-    return validation.check_number(margin, 'margin', low=0.0, high=1.0,
-                                   concrete=True)
+    margin = validation.check_number(margin, 'margin', low=0.0, high=1.0,
+                                     concrete=True)
   except ValueError as e:
     raise ValueError(f'{e} A dead band of 1 or more never lets a leaf that '
                      'is high in a factor come down: the decisions could '
                      'not settle.') from None
-
-
-def _config(candidates, *, period, patience, margin, thresholds, decay,
-            anneal, anneal_steps, initial, zone_levels, factors, sample_every,
-            min_size, block_size, nonnegative) -> _Config:
-  ladders = _check_ladders(candidates, nonnegative, block_size)
   return _Config(
-      ladders=ladders,
-      table=_check_table(zone_levels, factors, ladders),
-      initial=_check_initial(initial, ladders),
-      thresholds=_check_thresholds(thresholds),
-      period=validation.check_int(period, 'period', low=1,
-                                  high=validation.MAX_PERIOD),
-      patience=validation.check_int(patience, 'patience', low=1, high=1000),
-      margin=_check_margin(margin),
+      ladders=ladders, table=table, initial=start, thresholds=thresholds,
+      period=period, patience=patience, margin=margin,
       decay=validation.check_number(decay, 'decay', low=0.0, high=1.0,
                                     concrete=True),
       anneal=validation.check_number(anneal, 'anneal', low=0.0, high=1e6,
@@ -434,34 +420,6 @@ def _moments(g: jax.Array) -> tuple[jax.Array, jax.Array]:
   ratio = mean_sq / jnp.maximum(mean_abs * mean_abs, jnp.finfo(jnp.float32).tiny)
   cv = jnp.where(mean_abs > 0, jnp.sqrt(jnp.maximum(ratio - 1.0, 0.0)), 0.0)
   return rms, cv
-
-
-def _sample(cfg: _Config, eligible: np.ndarray, stats: BitStatistics,
-            grads: list[Any]) -> BitStatistics:
-  """One sample of every eligible leaf's factors into the averages."""
-  n, r = [], []
-  for g, ok in zip(grads, eligible):
-    a, b = _moments(g) if ok else (jnp.float32(0), jnp.float32(0))
-    n.append(a)
-    r.append(b)
-  n, r = jnp.stack(n), jnp.stack(r)
-  take = jnp.asarray(eligible) & jnp.isfinite(n) & jnp.isfinite(r)
-  # A sample counts at most OUTLIER times the leaf's average so far: one
-  # spike (a finite gradient 1e15 times the usual) moves the average by a
-  # bounded step instead of holding the leaf's zone for hundreds of steps.
-  seen = stats.samples > 0
-  n = jnp.where(seen, jnp.minimum(n, OUTLIER * _average(cfg, stats.magnitude,
-                                                       stats.samples)), n)
-  r = jnp.where(seen, jnp.minimum(r, OUTLIER * _average(cfg, stats.dispersion,
-                                                       stats.samples)), r)
-  d = jnp.float32(cfg.decay)
-  return dataclasses.replace(
-      stats,
-      magnitude=jnp.where(take, d * stats.magnitude + (1 - d) * n,
-                          stats.magnitude),
-      dispersion=jnp.where(take, d * stats.dispersion + (1 - d) * r,
-                           stats.dispersion),
-      samples=stats.samples + take.astype(jnp.int32))
 
 
 def _average(cfg: _Config, ema: jax.Array, samples: jax.Array) -> jax.Array:
@@ -515,72 +473,6 @@ def _decide(cfg: _Config, fields: tuple[str, ...], eligible: np.ndarray,
                              streak=streak, levels=levels)
 
 
-def _init(cfg: _Config, quantized, params) -> AdaptiveBitsState:
-  names, leaves = _param_names(params)
-  fields = tuple(cfg.ladders)
-  num = len(leaves)
-  twice = sorted({n for n in names if names.count(n) > 1})
-  if twice:
-    raise ValueError(
-        f'adaptive_bits: parameter paths {twice} name more than one leaf '
-        "(a key with '/' next to a nested one?); rename them so that each "
-        'leaf has its own a/b/c path.')
-  policy = BitPolicy(
-      fields=fields, ladders=tuple(cfg.ladders[f] for f in fields),
-      block_size=cfg.block_size, period=cfg.period, patience=cfg.patience,
-      names=tuple(names))
-  # One array per leaf: a state whose leaves share a buffer can't be donated
-  # (jax.jit(..., donate_argnums=...) would free it twice).
-  stats = BitStatistics(
-      magnitude=jnp.zeros([num], jnp.float32),
-      dispersion=jnp.zeros([num], jnp.float32),
-      samples=jnp.zeros([num], jnp.int32),
-      zone=jnp.full([num], -1, jnp.int32),
-      pending=jnp.full([num], -1, jnp.int32),
-      streak=jnp.zeros([num], jnp.int32),
-      levels=jnp.asarray(
-          np.array([[cfg.initial[f]] * num for f in fields],
-                   np.int32).reshape(len(fields), num)))
-  state = AdaptiveBitsState(
-      count=jnp.zeros([], jnp.int32), stats=stats,
-      inner_state=quantized.init(params), policy=policy)
-  if not _leaf_slots(state) and _eligible(cfg, leaves).any():
-    raise ValueError(
-        f'adaptive_bits: no leaf of the fields {list(fields)} in the inner '
-        'state is laid out per parameter (field/<parameter path>), so no '
-        'format could ever change. Parameters keyed by attribute (a '
-        'NamedTuple or dataclass of arrays) are not supported: pass them '
-        'as a dict.')
-  return state
-
-
-def _update(cfg: _Config, quantized, updates, state: AdaptiveBitsState,
-            params=None, **extra_args):
-  names, grads = _param_names(updates)
-  if len(names) != len(state.policy.names):
-    raise ValueError(
-        f'adaptive_bits: the updates have {len(names)} leaves, the state '
-        f'was initialised for {len(state.policy.names)}.')
-  eligible = _eligible(cfg, grads)
-  sizes = np.array([math.prod(getattr(g, 'shape', ())) for g in grads],
-                   np.float64)
-  count = optax.safe_increment(state.count)
-  stats = state.stats
-  if eligible.any():
-    sample = lambda s: _sample(cfg, eligible, s, grads)
-    stats = (sample(stats) if cfg.sample_every == 1 else jax.lax.cond(
-        state.count % cfg.sample_every == 0, sample, lambda s: s, stats))
-    stats = jax.lax.cond(
-        count % cfg.period == 0,
-        lambda s: _decide(cfg, state.policy.fields, eligible, sizes, s,
-                          count),
-        lambda s: s, stats)
-  new_updates, inner_state = quantized.update(
-      updates, state.inner_state, params, **extra_args)
-  return new_updates, AdaptiveBitsState(
-      count=count, stats=stats, inner_state=inner_state, policy=state.policy)
-
-
 def adaptive_bits(
     inner: optax.GradientTransformation,
     candidates: Mapping[str, Sequence[Any]] | None = None,
@@ -616,22 +508,45 @@ def adaptive_bits(
   [`relayout`][optax_q.relayout], called between steps, re-encodes the leaves
   whose decision changed. The decisions are computed from global reductions
   inside the compiled step, so every device and every process of a sharded run
-  reaches the same ones. Per parameter leaf `l` (of `|l|` elements) with
-  running averages `\bar n_l`, `\bar r_l` of
+  reaches the same ones.
+
+  Every ``sample_every`` steps, each parameter leaf `l` (of `|l|` elements)
+  takes a sample of its gradient's magnitude and dispersion,
 
   ```tex
   n_l = \sqrt{\tfrac{1}{|l|} \textstyle\sum_i g_{l,i}^2}, \qquad
-  r_l = \frac{\operatorname{std}(|g_l|)}{\operatorname{mean}(|g_l|)}, \qquad
-  N = \frac{\sum_l |l|\, \bar n_l}{\sum_l |l|}, \quad
-  R = \frac{\sum_l |l|\, \bar r_l}{\sum_l |l|},
+  r_l = \frac{\operatorname{std}(|g_l|)}{\operatorname{mean}(|g_l|)},
   ```
 
-  a leaf is high in magnitude when `\bar n_l > \theta_n \tau(t) N` and in
-  dispersion when `\bar r_l > \theta_r \tau(t) R`, with
-  `\tau(t) = 1 + a \min(1, t / T_a)` (``anneal``, ``anneal_steps``) and a
-  dead band of ``margin`` around each threshold; the quadrant picks each
-  field's level in its ladder, committed after ``patience`` equal
-  proposals. A stored leaf `x` at level `k` is then `Q_k(x)` as in
+  into running averages with decay `d` (``decay``), bias-corrected by the
+  number `s_l` of finite samples taken (a non-finite sample is skipped, and
+  once `s_l > 0` a sample counts at most ``OUTLIER`` (10) times the average
+  so far); the references `N`, `R` are the averages' size-weighted means over
+  the sampled leaves:
+
+  ```tex
+  m_l \leftarrow d\, m_l + (1 - d) \min(n_l,\, 10\, \bar n_l), \qquad
+  \bar n_l = \frac{m_l}{1 - d^{s_l}}, \qquad
+  N = \frac{\sum_l |l|\, \bar n_l}{\sum_l |l|}
+  ```
+
+  (`\bar r_l` and `R` likewise). Every ``period`` steps each leaf is
+  proposed the zone `z_l = 2 h^n_l + h^r_l` (an index of ``ZONES``), with
+
+  ```tex
+  h^n_l = \big[\bar n_l > (1 \pm \mu)\, \theta_n\, \tau(t)\, N\big], \quad
+  h^r_l = \big[\bar r_l > (1 \pm \mu)\, \theta_r\, \tau(t)\, R\big], \quad
+  \tau(t) = 1 + a \min(1, t / T_a),
+  ```
+
+  for ``thresholds`` `(\theta_n, \theta_r)`, ``anneal`` `a` and
+  ``anneal_steps`` `T_a`; the dead band `\mu` (``margin``) is subtracted
+  where the leaf's committed zone is high in that factor, added where it is
+  low, and 0 before its first commit. A proposal is committed once it has
+  been made at ``patience`` decisions in a row, at every ``patience``-th
+  decision; field `f` of the leaf then takes level `k = T_f[z_l]` of its
+  ladder (the table of ``zone_levels``), and after
+  [`relayout`][optax_q.relayout] its stored state `x` is `Q_k(x)` as in
   [`quantize_state`][optax_q.quantize_state].
 
   Args:
@@ -714,12 +629,12 @@ def adaptive_bits(
       anneal_steps=anneal_steps, initial=initial, zone_levels=zone_levels,
       factors=factors, sample_every=sample_every, min_size=min_elems,
       block_size=block, nonnegative=nonnegative)
-  names = state_tree.probe_field_names(inner)
-  if names is not None and set(cfg.ladders) - names[0]:
+  probed = state_tree.probe_field_names(inner)
+  if probed is not None and set(cfg.ladders) - probed[0]:
     raise ValueError(
         f'candidates names state field(s) '
-        f'{sorted(set(cfg.ladders) - names[0])} that this inner '
-        f"transform's state lacks; its float fields are {sorted(names[0])}: "
+        f'{sorted(set(cfg.ladders) - probed[0])} that this inner '
+        f"transform's state lacks; its float fields are {sorted(probed[0])}: "
         "pass candidates={field: (format, ...)} for those (e.g. "
         "{'trace': ('nf4', 'int8_dynamic')} for optax.trace).")
   start = {f: cfg.ladders[f][cfg.initial[f]] for f in cfg.ladders}
@@ -729,9 +644,98 @@ def adaptive_bits(
       rounding=rounding, seed=seed, min_size=min_size, block_size=block_size,
       track_stalls=track_stalls, elementwise=elementwise,
       tile_size=tile_size, nonnegative_fields=nonnegative, kernel=kernel)
-  return optax.GradientTransformationExtraArgs(
-      functools.partial(_init, cfg, quantized),
-      functools.partial(_update, cfg, quantized))
+
+  def init_fn(params):
+    names, leaves = _param_names(params)
+    fields = tuple(cfg.ladders)
+    num = len(leaves)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+      raise ValueError(
+          f'adaptive_bits: parameter paths {twice} name more than one leaf '
+          "(a key with '/' next to a nested one?); rename them so that each "
+          'leaf has its own a/b/c path.')
+    policy = BitPolicy(
+        fields=fields, ladders=tuple(cfg.ladders[f] for f in fields),
+        block_size=cfg.block_size, period=cfg.period, patience=cfg.patience,
+        names=tuple(names))
+    # One array per leaf: a state whose leaves share a buffer can't be
+    # donated (jax.jit(..., donate_argnums=...) would free it twice).
+    stats = BitStatistics(
+        magnitude=jnp.zeros([num], jnp.float32),
+        dispersion=jnp.zeros([num], jnp.float32),
+        samples=jnp.zeros([num], jnp.int32),
+        zone=jnp.full([num], -1, jnp.int32),
+        pending=jnp.full([num], -1, jnp.int32),
+        streak=jnp.zeros([num], jnp.int32),
+        levels=jnp.asarray(
+            np.array([[cfg.initial[f]] * num for f in fields],
+                     np.int32).reshape(len(fields), num)))
+    state = AdaptiveBitsState(
+        count=jnp.zeros([], jnp.int32), stats=stats,
+        inner_state=quantized.init(params), policy=policy)
+    if not _leaf_slots(state) and _eligible(cfg, leaves).any():
+      raise ValueError(
+          f'adaptive_bits: no leaf of the fields {list(fields)} in the inner '
+          'state is laid out per parameter (field/<parameter path>), so no '
+          'format could ever change. Parameters keyed by attribute (a '
+          'NamedTuple or dataclass of arrays) are not supported: pass them '
+          'as a dict.')
+    return state
+
+  def update_fn(updates, state, params=None, **extra_args):
+    names, grads = _param_names(updates)
+    if len(names) != len(state.policy.names):
+      raise ValueError(
+          f'adaptive_bits: the updates have {len(names)} leaves, the state '
+          f'was initialised for {len(state.policy.names)}.')
+    eligible = _eligible(cfg, grads)
+    sizes = np.array([math.prod(getattr(g, 'shape', ())) for g in grads],
+                     np.float64)
+    count = optax.safe_increment(state.count)
+
+    def sample(stats):
+      # One sample of every eligible leaf's factors into its averages.
+      n, r = [], []
+      for g, ok in zip(grads, eligible):
+        a, b = _moments(g) if ok else (jnp.float32(0), jnp.float32(0))
+        n.append(a)
+        r.append(b)
+      n, r = jnp.stack(n), jnp.stack(r)
+      take = jnp.asarray(eligible) & jnp.isfinite(n) & jnp.isfinite(r)
+      # A sample counts at most OUTLIER times the leaf's average so far: one
+      # spike (a finite gradient 1e15 times the usual) moves the average by
+      # a bounded step instead of holding the leaf's zone for hundreds of
+      # steps.
+      seen = stats.samples > 0
+      n = jnp.where(seen, jnp.minimum(n, OUTLIER * _average(
+          cfg, stats.magnitude, stats.samples)), n)
+      r = jnp.where(seen, jnp.minimum(r, OUTLIER * _average(
+          cfg, stats.dispersion, stats.samples)), r)
+      d = jnp.float32(cfg.decay)
+      return dataclasses.replace(
+          stats,
+          magnitude=jnp.where(take, d * stats.magnitude + (1 - d) * n,
+                              stats.magnitude),
+          dispersion=jnp.where(take, d * stats.dispersion + (1 - d) * r,
+                               stats.dispersion),
+          samples=stats.samples + take.astype(jnp.int32))
+
+    stats = state.stats
+    if eligible.any():
+      stats = (sample(stats) if cfg.sample_every == 1 else jax.lax.cond(
+          state.count % cfg.sample_every == 0, sample, lambda s: s, stats))
+      stats = jax.lax.cond(
+          count % cfg.period == 0,
+          lambda s: _decide(cfg, state.policy.fields, eligible, sizes, s,
+                            count),
+          lambda s: s, stats)
+    new_updates, inner_state = quantized.update(
+        updates, state.inner_state, params, **extra_args)
+    return new_updates, AdaptiveBitsState(
+        count=count, stats=stats, inner_state=inner_state, policy=state.policy)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 # ----------------------------------------------------------------------------
@@ -741,13 +745,6 @@ def adaptive_bits(
 
 def _is_adaptive(x: Any) -> bool:
   return isinstance(x, AdaptiveBitsState)
-
-
-def _host(x: Any) -> np.ndarray:
-  """A replicated array's value on this host (any process)."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    return np.asarray(x.addressable_data(0))
-  return np.asarray(x)
 
 
 def _layout_name(fmt: Format, mode: str) -> str:
@@ -809,64 +806,6 @@ def _convert(q: QArray, codec: codec_lib.Codec) -> QArray:
       f: state_tree.rebox(b, getattr(new, f))
       for f, b in zip(('codes', 'scale'), boxes)
       if b is not None and getattr(new, f) is not None})
-
-
-def _replace_leaves(state_inner, changes: dict[tuple, QArray]):
-  flat, treedef = jax.tree_util.tree_flatten_with_path(
-      state_inner, is_leaf=qarray_lib.is_qarray)
-  return treedef.unflatten([changes.get(tuple(p), x) for p, x in flat])
-
-
-def _relayout_node(node: AdaptiveBitsState, prefix: str,
-                   layout: Mapping[str, str] | None) -> AdaptiveBitsState:
-  policy = node.policy
-  slots = _leaf_slots(node)
-  levels = None
-  if layout is None:
-    levels = node.stats.levels
-    if isinstance(levels, jax.core.Tracer):
-      raise ValueError(
-          'relayout reads the committed formats from the state and changes '
-          "the state's structure: call it between steps, outside jax.jit "
-          '(or pass layout=, which needs no values).')
-    if isinstance(levels, jax.ShapeDtypeStruct):
-      raise ValueError(
-          'relayout of an abstract state (jax.eval_shape) has no decisions '
-          'to read: pass the layout to apply, layout=bit_layout(state) of '
-          'the state that was saved.')
-    levels = _host(levels)
-  changes = {}
-  for path, field, index, leaf in slots:
-    name = prefix + _SEGMENT + state_tree.path_str(path)
-    if layout is not None:
-      if name not in layout:
-        continue
-      fmt, mode = _parse_layout(layout[name], name, policy, field)
-    else:
-      fmt, mode = policy.candidate(field,
-                                   int(levels[policy.fields.index(field),
-                                              index]))
-    codec = codec_lib.Codec.for_leaf(fmt, mode, policy.block_size,
-                                     leaf.shape)
-    if (codec.fmt, codec.scale_mode) == (leaf.fmt, leaf.scale_mode):
-      continue
-    changes[tuple(path)] = _convert(leaf, codec)
-  if not changes:
-    return node
-  inner_state = node.inner_state._replace(
-      inner_state=_replace_leaves(node.inner_state.inner_state, changes))
-  return node._replace(inner_state=inner_state)
-
-
-def _parse_layout(entry: Any, name: str, policy: BitPolicy, field: str
-                  ) -> tuple[Format, str]:
-  ladder = policy.ladders[policy.fields.index(field)]
-  for fmt, mode in ladder:
-    if entry in (_layout_name(fmt, mode), _layout_name(fmt, 'block')):
-      return fmt, mode
-  raise ValueError(
-      f'layout[{name!r}]={validation.short(entry)} is not a candidate of '
-      f'{field!r}: {[_layout_name(f, m) for f, m in ladder]}.')
 
 
 def _upgrade_layout(state: Any, layout: Mapping[str, str]
@@ -1036,13 +975,6 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
   if layout is not None and not isinstance(layout, Mapping):
     raise ValueError('layout must be a dict {path: "format/scale_mode"} as '
                      f'bit_layout returns, got {validation.short(layout)}.')
-  changed = []
-
-  def visit(node, prefix):
-    out = _relayout_node(node, prefix, layout)
-    changed.append(out is not node)
-    return out
-
   if layout is not None:
     layout = _upgrade_layout(state, layout)
     unknown = sorted(set(layout) - set(bit_layout(state)))
@@ -1053,6 +985,60 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
           f'{sorted(bit_layout(state))[:3]}... (a layout saved from another '
           'tree, such as a whole train state instead of its optimizer '
           'state?)')
+  changed = []
+
+  def visit(node, prefix):
+    # Each adapted leaf's target (format, scale mode): its committed level
+    # (read on this host: the levels are replicated), or its entry of
+    # ``layout``. The leaves not already in it are re-encoded.
+    policy = node.policy
+    if layout is None:
+      levels = node.stats.levels
+      if isinstance(levels, jax.core.Tracer):
+        raise ValueError(
+            'relayout reads the committed formats from the state and '
+            "changes the state's structure: call it between steps, outside "
+            'jax.jit (or pass layout=, which needs no values).')
+      if isinstance(levels, jax.ShapeDtypeStruct):
+        raise ValueError(
+            'relayout of an abstract state (jax.eval_shape) has no decisions '
+            'to read: pass the layout to apply, layout=bit_layout(state) of '
+            'the state that was saved.')
+      if isinstance(levels, jax.Array) and not levels.is_fully_addressable:
+        levels = levels.addressable_data(0)
+      levels = np.asarray(levels)
+    changes = {}
+    for path, field, index, leaf in _leaf_slots(node):
+      name = prefix + _SEGMENT + state_tree.path_str(path)
+      ladder = policy.ladders[policy.fields.index(field)]
+      if layout is None:
+        fmt, mode = ladder[int(levels[policy.fields.index(field), index])]
+      elif name not in layout:
+        continue
+      else:
+        fmt, mode = next(
+            ((f, m) for f, m in ladder if layout[name] in (
+                _layout_name(f, m), _layout_name(f, 'block'))),
+            (None, None))
+        if fmt is None:
+          raise ValueError(
+              f'layout[{name!r}]={validation.short(layout[name])} is not a '
+              f'candidate of {field!r}: '
+              f'{[_layout_name(f, m) for f, m in ladder]}.')
+      codec = codec_lib.Codec.for_leaf(fmt, mode, policy.block_size,
+                                       leaf.shape)
+      if (codec.fmt, codec.scale_mode) == (leaf.fmt, leaf.scale_mode):
+        continue
+      changes[tuple(path)] = _convert(leaf, codec)
+    changed.append(bool(changes))
+    if not changes:
+      return node
+    flat, treedef = jax.tree_util.tree_flatten_with_path(
+        node.inner_state.inner_state, is_leaf=qarray_lib.is_qarray)
+    inner_state = node.inner_state._replace(inner_state=treedef.unflatten(
+        [changes.get(tuple(p), x) for p, x in flat]))
+    return node._replace(inner_state=inner_state)
+
   new = _map_adaptive(visit, state)
   if not any(changed):
     return state  # Nothing to re-encode: the same state, not a copy.
