@@ -50,13 +50,6 @@ def _part_and_field(path: str) -> tuple[str | None, str | None]:
   return parts[1], parts[4]
 
 
-def _chooser(formats: dict[tuple[str, str], formats_lib.Format | None]):
-  def choose(path: str, leaf: Any) -> formats_lib.Format | None:
-    del leaf
-    return formats.get(_part_and_field(path))
-  return choose
-
-
 def _check_layout_known(tx, formats) -> None:
   """Raises if the partition's state does not read as `_part_and_field`
   expects (an Optax version with another layout)."""
@@ -226,14 +219,29 @@ def muon(
     States](https://arxiv.org/abs/2509.23106), 2025
   """
   validation.check_number(learning_rate, 'learning_rate', schedule=True)
-  _check_numbers(
-      decays=dict(beta=beta, adam_b1=adam_b1, adam_b2=adam_b2),
-      nonnegative=dict(eps=eps, weight_decay=weight_decay,
-                       adam_weight_decay=adam_weight_decay),
-      rates=dict(adam_learning_rate=adam_learning_rate))
+  for name, value in dict(beta=beta, adam_b1=adam_b1,
+                          adam_b2=adam_b2).items():
+    validation.check_number(value, name, high=1.0)  # Decays: in [0, 1).
+  for name, value in dict(eps=eps, weight_decay=weight_decay,
+                          adam_weight_decay=adam_weight_decay).items():
+    validation.check_number(value, name)
+  if adam_learning_rate is not None:
+    validation.check_number(adam_learning_rate, 'adam_learning_rate',
+                            schedule=True)
   # An int, or an integer array as optax.inject_hyperparams passes it.
   ns_steps = validation.check_int(ns_steps, 'ns_steps', low=1, traced=True)
-  muon_options = _options(muon_options)
+  # optax.inject_hyperparams binds the catch-all by name: it passes the
+  # options back as one muon_options={...} keyword, unpacked here.
+  muon_options = dict(muon_options)
+  nested = muon_options.pop('muon_options', {})
+  if not isinstance(nested, dict):
+    raise ValueError(
+        'muon_options must be a dict of keyword arguments of '
+        f'optax.contrib.muon, got {validation.short(nested)}.')
+  twice = sorted(set(nested) & set(muon_options))
+  if twice:
+    raise ValueError(f'muon options {twice} are given twice.')
+  muon_options = {**nested, **muon_options}
   dimension_numbers = _checked_dimension_numbers(
       muon_weight_dimension_numbers)
   formats = {
@@ -258,26 +266,15 @@ def muon(
     scale_mode = validation.check_scale(scale_mode)
     for fmt in formats.values():
       qarray_lib.check_layout(fmt, scale_mode)
+
+  def choose(path: str, leaf: Any) -> formats_lib.Format | None:
+    del leaf
+    return formats.get(_part_and_field(path))
+
   return transform.quantize_state(
-      tx, _chooser(formats), rounding=rounding, seed=seed, min_size=min_size,
+      tx, choose, rounding=rounding, seed=seed, min_size=min_size,
       block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
       scale_mode=scale_mode, track_stalls=track_stalls)
-
-
-def _options(options: dict[str, Any]) -> dict[str, Any]:
-  """``**muon_options``, with the ``muon_options={...}`` keyword that
-  ``optax.inject_hyperparams`` passes back (it binds the catch-all by
-  name) unpacked."""
-  options = dict(options)
-  nested = options.pop('muon_options', {})
-  if not isinstance(nested, dict):
-    raise ValueError(
-        'muon_options must be a dict of keyword arguments of '
-        f'optax.contrib.muon, got {validation.short(nested)}.')
-  twice = sorted(set(nested) & set(options))
-  if twice:
-    raise ValueError(f'muon options {twice} are given twice.')
-  return {**nested, **options}
 
 
 _DIMS_WHAT = (
@@ -321,44 +318,12 @@ def _check_dims_tree(dims: Any, where: str) -> list[tuple[str, Any]]:
   return flat
 
 
-def _fit_dims(dims: Any, params: Any, where: str) -> None:
-  """Raises unless every parameter that ``dims`` gives to Muon has the
-  axes it names (rank >= 2, in range, disjoint once made non-negative)."""
-  flat = _check_dims_tree(dims, where)
-  try:
-    subtrees = jax.tree.structure(dims, is_leaf=_is_dims).flatten_up_to(
-        params)
-  except (ValueError, TypeError) as e:
-    raise ValueError(
-        f'{where} must have the structure of the parameters (or a prefix '
-        f'of it): {e}') from None
-  for (path, d), sub in zip(flat, subtrees):
-    if d is None:
-      continue
-    for leaf_path, x in jax.tree_util.tree_flatten_with_path(sub)[0]:
-      name = jax.tree_util.keystr(path + leaf_path)
-      ndim = len(x.shape)
-      axes = {side: _axes(getattr(d, side), side)
-              for side in ('reduction_axis', 'output_axis')}
-      bad = [a for ax in axes.values() for a in ax if not -ndim <= a < ndim]
-      if ndim < 2 or bad:
-        raise ValueError(
-            f'{where} gives Muon the parameter {name} of shape '
-            f'{tuple(x.shape)} with {d}: '
-            + ('Muon trains only leaves of rank >= 2 (give it None to train '
-               'it with the auxiliary Adam).' if ndim < 2 else
-               f'axes {bad} are out of range for rank {ndim}.'))
-      red, out = ({a % ndim for a in ax} for ax in axes.values())
-      if red & out:
-        raise ValueError(
-            f'{where} gives the parameter {name} of rank {ndim} the axes '
-            f'{sorted(red & out)} as both reduction and output axes ({d}).')
-
-
 def _checked_dimension_numbers(dims: Any) -> Any:
   """``dims`` checked as far as it can be without the parameters, and
   wrapped so that ``optax.contrib.muon`` checks it against them at
-  ``init`` (its labels are computed there) rather than at the update."""
+  ``init`` (its labels are computed there) rather than at the update:
+  every parameter it gives to Muon must have the axes it names (rank >= 2,
+  in range, disjoint once made non-negative)."""
   where = 'muon_weight_dimension_numbers'
   if dims is None:
     return None
@@ -367,22 +332,40 @@ def _checked_dimension_numbers(dims: Any) -> Any:
 
   def resolve(params):
     tree = dims(params) if callable(dims) else dims
-    _fit_dims(tree, params, where if tree is dims else f'{where}(params)')
+    at = where if tree is dims else f'{where}(params)'
+    flat = _check_dims_tree(tree, at)
+    try:
+      subtrees = jax.tree.structure(tree, is_leaf=_is_dims).flatten_up_to(
+          params)
+    except (ValueError, TypeError) as e:
+      raise ValueError(
+          f'{at} must have the structure of the parameters (or a prefix '
+          f'of it): {e}') from None
+    for (path, d), sub in zip(flat, subtrees):
+      if d is None:
+        continue
+      for leaf_path, x in jax.tree_util.tree_flatten_with_path(sub)[0]:
+        name = jax.tree_util.keystr(path + leaf_path)
+        ndim = len(x.shape)
+        axes = {side: _axes(getattr(d, side), side)
+                for side in ('reduction_axis', 'output_axis')}
+        bad = [a for ax in axes.values() for a in ax
+               if not -ndim <= a < ndim]
+        if ndim < 2 or bad:
+          raise ValueError(
+              f'{at} gives Muon the parameter {name} of shape '
+              f'{tuple(x.shape)} with {d}: '
+              + ('Muon trains only leaves of rank >= 2 (give it None to '
+                 'train it with the auxiliary Adam).' if ndim < 2 else
+                 f'axes {bad} are out of range for rank {ndim}.'))
+        red, out = ({a % ndim for a in ax} for ax in axes.values())
+        if red & out:
+          raise ValueError(
+              f'{at} gives the parameter {name} of rank {ndim} the axes '
+              f'{sorted(red & out)} as both reduction and output axes ({d}).')
     return tree
 
   return resolve
-
-
-def _check_numbers(*, decays, nonnegative, rates) -> None:
-  """Decay rates in [0, 1); the others >= 0; learning rates >= 0 or
-  schedules (None: unset)."""
-  for name, value in decays.items():
-    validation.check_number(value, name, high=1.0)
-  for name, value in nonnegative.items():
-    validation.check_number(value, name)
-  for name, value in rates.items():
-    if value is not None:
-      validation.check_number(value, name, schedule=True)
 
 
 def _gathered_for_newton_schulz(

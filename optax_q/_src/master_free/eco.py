@@ -127,10 +127,6 @@ def _hyper(state: Any, adam: bool) -> _Hyper:
       eps_root=f32('eps_root') if adam else None)
 
 
-def _is_muon(x: Any) -> bool:
-  return state_tree.is_namedtuple(x) and 'muon' in type(x).__name__.lower()
-
-
 def _probe(inner: optax.GradientTransformation) -> tuple[bool, dict]:
   """Checks ``inner`` at construction; whether it is Adam, and its
   hyperparameters at step 0."""
@@ -153,7 +149,8 @@ def _probe(inner: optax.GradientTransformation) -> tuple[bool, dict]:
         'sets found): build it with optax.inject_hyperparams, e.g. '
         'optax_q.eco(optax.inject_hyperparams(optax.adamw)(1e-3)), so that '
         'eco reads the learning rate and momentum of every step.')
-  if _find_all(state, _is_muon):
+  if _find_all(state, lambda x: state_tree.is_namedtuple(x)
+               and 'muon' in type(x).__name__.lower()):
     raise ValueError(
         f'inner is Muon, which eco does not support: {supported}. Muon '
         'orthogonalises its momentum before the step, so a residual fed '
@@ -281,79 +278,10 @@ def _is_quantized(config, p) -> bool:
       config.quantizer is not None and state_tree.is_float_array(p))
 
 
-def _requantize(config, p, w, w_new: jax.Array, key):
-  """``(update, w_new - q(w_new))``: the codec's encode and decode for a
-  QArray (whose update is the new QArray), else the quantizer's values."""
-  if qarray_lib.is_qarray(p):
-    q = qarray_lib.encode_like(p, w_new, key=key)
-    return q, w_new - qarray_lib.decode(q, jnp.float32)
-  w_hat = jnp.asarray(config.quantizer(w_new, jax.random.key(key)),
-                      jnp.float32)
-  return (w_hat - w).astype(p.dtype), w_new - w_hat
-
-
-class _Feedback(NamedTuple):
-  """This step's feedback: the coefficient and what the gain needs."""
-
-  active: jax.Array  # Whether this step feeds back (learning rate > 0).
-  coeff: jax.Array  # (1 - lr wd) / lr, 0 when inactive.
-  beta: jax.Array
-  hyper: _Hyper
-  bias1: jax.Array | None  # Adam's bias corrections, at this step's t.
-  bias2: jax.Array | None
-
-  def gain(self, nu: jax.Array | None) -> jax.Array:
-    """Per element, the step the momentum is taken with (1 for SGD)."""
-    if nu is None:
-      return jnp.float32(1)
-    nu_hat = nu.astype(jnp.float32) / self.bias2
-    return self.bias1 * (jnp.sqrt(nu_hat + self.hyper.eps_root)
-                         + self.hyper.eps)
-
-
-def _feedback(config, inner_state) -> tuple[Any, _Feedback]:
-  moment = _find_all(inner_state, _is_moment)[0]
-  adam = isinstance(moment, optax.ScaleByAdamState)
-  h = _hyper(inner_state, adam)
-  lr = h.learning_rate
-  active = jnp.isfinite(lr) & (lr > 0)
-  decay = (1 - lr * h.weight_decay if config.decay_factor
-           else jnp.float32(1))
-  coeff = jnp.where(active, decay / jnp.where(active, lr, jnp.float32(1)),
-                    jnp.float32(0))
-  bias1 = bias2 = None
-  if adam:
-    t = moment.count.astype(jnp.float32)
-    bias1, bias2 = 1 - h.beta ** t, 1 - h.b2 ** t
-  return moment, _Feedback(active, coeff, h.beta, h, bias1, bias2)
-
-
-def _leaf(config, fb: _Feedback, key, p, w, du, m, nu, err):
-  """One quantized parameter: ``(update, new first moment, residual)``."""
-  w = w.astype(jnp.float32)
-  q, e = _requantize(config, p, w, w + du.astype(jnp.float32), key)
-  update = weights.NewWeights.of(q) if qarray_lib.is_qarray(p) else q
-  m32 = m.astype(jnp.float32)
-  if config.variant == 'exact':
-    if err is None:
-      raise ValueError(
-          'eco: the state holds no residual for a quantized parameter; '
-          'initialise it with the quantized params (tx.init(qparams)).')
-    inject = fb.coeff * fb.gain(nu) * (err - e / fb.beta)
-    # A step without feedback (learning rate 0) keeps the residual due.
-    err = jnp.where(fb.active, e, err + e)
-  elif config.variant == 'eco':
-    inject = fb.coeff * fb.gain(nu) * (1 - 1 / fb.beta) * e
-  else:
-    return update, m, None
-  # A learning rate so small that the injection overflows float32 (or a
-  # non-finite residual) skips the feedback of that element.
-  fed = m32 + inject
-  m32 = jnp.where(jnp.isfinite(fed) | ~jnp.isfinite(m32), fed, m32)
-  return update, m32.astype(m.dtype), err
-
-
-def _update(inner, config, updates, state, params=None, **extra_args):
+def _update(  # pylint: disable=too-many-branches
+    inner, config, updates, state, params=None, **extra_args):
+  """One step of `eco`: the inner update, then per quantized parameter the
+  requantized weights and the residual fed into the first moment."""
   if params is None:
     raise ValueError('eco needs params in update(updates, state, params).')
   _check_formats(config, params)  # init may have seen float params.
@@ -372,8 +300,32 @@ def _update(inner, config, updates, state, params=None, **extra_args):
   u, inner_state = optax.with_extra_args_support(inner).update(
       treedef.unflatten(grads32), state.inner_state,
       _as_float32(treedef.unflatten(theta)), **extra_args)
-  moment, fb = _feedback(config, inner_state)
-  adam = fb.bias1 is not None
+
+  # This step's feedback: the coefficient (1 - lr wd) / lr, 0 where the
+  # learning rate is 0, negative or not finite (no feedback), and Adam's
+  # bias corrections at this step's t.
+  moment = _find_all(inner_state, _is_moment)[0]
+  adam = isinstance(moment, optax.ScaleByAdamState)
+  h = _hyper(inner_state, adam)
+  lr = h.learning_rate
+  active = jnp.isfinite(lr) & (lr > 0)
+  decay = (1 - lr * h.weight_decay if config.decay_factor
+           else jnp.float32(1))
+  coeff = jnp.where(active, decay / jnp.where(active, lr, jnp.float32(1)),
+                    jnp.float32(0))
+  bias1 = bias2 = None
+  if adam:
+    t = moment.count.astype(jnp.float32)
+    bias1, bias2 = 1 - h.beta ** t, 1 - h.b2 ** t
+
+  def gain(nu: jax.Array | None) -> jax.Array:
+    r"""Per element, the step the momentum is taken with (`\gamma_t` of
+    `eco`'s docstring; 1 for SGD)."""
+    if nu is None:
+      return jnp.float32(1)
+    nu_hat = nu.astype(jnp.float32) / bias2
+    return bias1 * (jnp.sqrt(nu_hat + h.eps_root) + h.eps)
+
   flat_m = treedef.flatten_up_to(moment.mu if adam else moment.trace)
   flat_nu = (treedef.flatten_up_to(moment.nu) if adam
              else [None] * len(flat_p))
@@ -382,6 +334,7 @@ def _update(inner, config, updates, state, params=None, **extra_args):
     flat_err = jax.tree.leaves(state.error, is_leaf=lambda x: x is None)
     if len(flat_err) != len(flat_p):
       raise ValueError('eco: the state was initialised with other params.')
+  # Per parameter: (update, new first moment, residual).
   out = []
   for i, (p, w, du, m, nu, err) in enumerate(zip(
       flat_p, theta, treedef.flatten_up_to(u), flat_m, flat_nu, flat_err)):
@@ -392,7 +345,39 @@ def _update(inner, config, updates, state, params=None, **extra_args):
     key = None
     if config.rounding == 'stochastic' or not qarray_lib.is_qarray(p):
       key = weights.param_key(config.seed, state.count, i)
-    out.append(_leaf(config, fb, key, p, w, du, m, nu, err))
+    # The new weights w~ = w + u, requantized, and the residual
+    # e = w~ - D(Q(w~)): the codec's encode and decode for a QArray (whose
+    # update is the new QArray), else the quantizer's values.
+    w = w.astype(jnp.float32)
+    w_new = w + du.astype(jnp.float32)
+    if qarray_lib.is_qarray(p):
+      q = qarray_lib.encode_like(p, w_new, key=key)
+      update = weights.NewWeights.of(q)
+      e = w_new - qarray_lib.decode(q, jnp.float32)
+    else:
+      w_hat = jnp.asarray(config.quantizer(w_new, jax.random.key(key)),
+                          jnp.float32)
+      update = (w_hat - w).astype(p.dtype)
+      e = w_new - w_hat
+    m32 = m.astype(jnp.float32)
+    if config.variant == 'exact':
+      if err is None:
+        raise ValueError(
+            'eco: the state holds no residual for a quantized parameter; '
+            'initialise it with the quantized params (tx.init(qparams)).')
+      inject = coeff * gain(nu) * (err - e / h.beta)
+      # A step without feedback (learning rate 0) keeps the residual due.
+      err = jnp.where(active, e, err + e)
+    elif config.variant == 'eco':
+      inject = coeff * gain(nu) * (1 - 1 / h.beta) * e
+    else:
+      out.append((update, m, None))
+      continue
+    # A learning rate so small that the injection overflows float32 (or a
+    # non-finite residual) skips the feedback of that element.
+    fed = m32 + inject
+    m32 = jnp.where(jnp.isfinite(fed) | ~jnp.isfinite(m32), fed, m32)
+    out.append((update, m32.astype(m.dtype), err))
   new_u, new_m, new_err = zip(*out) if out else ((), (), ())
   new_m_tree = treedef.unflatten(list(new_m))
   moment = (moment._replace(mu=new_m_tree) if adam

@@ -97,7 +97,9 @@ class NewWeights(metaclass=_NamedWithHint):
 
   def weights(self, param: QArray, where: str) -> QArray:
     """The new QArray, checked against the parameter's layout."""
-    if not _same_layout(param, self.like):
+    if (param.fmt, param.shape, param.scale_mode, param.block_size) != (
+        self.like.fmt, self.like.shape, self.like.scale_mode,
+        self.like.block_size):
       raise ValueError(
           f'updates[{where!r}] has layout {qarray_lib.layout_tag(self.like)}'
           f' {self.like.shape}, the parameter '
@@ -171,25 +173,17 @@ def is_linear_kernel(path: Any, leaf: Any) -> bool:
                  for n in names[:-1])
 
 
-def _every_float(path: Any, leaf: Any) -> bool:
-  del path
-  return state_tree.is_float_array(leaf) and leaf.ndim >= 1
-
-
-def _every_matrix(path: Any, leaf: Any) -> bool:
-  del path
-  return state_tree.is_float_array(leaf) and leaf.ndim >= 2
-
-
 def check_filter(filter: Filter, name: str = 'filter'  # pylint: disable=redefined-builtin
                  ) -> Callable[[Any, Any], bool]:
   """``filter`` as a callable ``(path, leaf) -> bool``."""
   if filter is None or filter == 'linear':
     return is_linear_kernel
-  if filter == 'all':
-    return _every_float
-  if filter == 'matrices':
-    return _every_matrix
+  if filter == 'all':  # Every float leaf of rank >= 1.
+    return lambda path, leaf: (state_tree.is_float_array(leaf)
+                               and leaf.ndim >= 1)
+  if filter == 'matrices':  # Every float leaf of rank >= 2.
+    return lambda path, leaf: (state_tree.is_float_array(leaf)
+                               and leaf.ndim >= 2)
   if isinstance(filter, str) or not callable(filter):
     raise ValueError(
         f'{name} must be None, one of {FILTERS} or a callable '
@@ -246,10 +240,24 @@ def _map_chosen(params: Any, filter: Filter, fn, *,  # pylint: disable=redefined
       raise ValueError(
           f'parameter {state_tree.path_str(path)!r} is already quantized '
           f'({qarray_lib.layout_tag(leaf)}); pass the float parameters.')
-    if not _choice(chosen(path, leaf), path):
+    # The filter's answer: a Python, NumPy or concrete 0-d jax bool.
+    answer = chosen(path, leaf)
+    if not isinstance(answer, (bool, np.bool_)) and not (
+        isinstance(answer, (np.ndarray, jax.Array)) and answer.shape == ()
+        and answer.dtype == bool and not isinstance(answer, jax.core.Tracer)):
+      raise ValueError(
+          'filter must return a bool (True to quantize the leaf), but '
+          f'returned {validation.short(answer)} of type '
+          f'{type(answer).__name__} for parameter '
+          f'{state_tree.path_str(path)!r}.')
+    if not bool(answer):
       out.append(leaf)
       continue
-    _check_float(path, leaf)
+    if not state_tree.is_float_array(leaf):
+      raise ValueError(
+          f'parameter {state_tree.path_str(path)!r} is not a floating-point '
+          f'array ({getattr(leaf, "dtype", type(leaf).__name__)}); '
+          'quantize_params quantizes float leaves only (check filter).')
     out.append(fn(index, path, leaf))
   if require and flat and all(a is b for a, b in zip(
       out, (leaf for _, leaf in flat))):
@@ -259,20 +267,6 @@ def _map_chosen(params: Any, filter: Filter, fn, *,  # pylint: disable=redefined
         'output layers); '
         "pass filter='matrices', 'all' or a callable (path, leaf) -> bool.")
   return treedef.unflatten(out)
-
-
-def _choice(value: Any, path: Any) -> bool:
-  """A filter's answer, which must be a bool (a Python, NumPy or concrete
-  0-d jax bool)."""
-  if isinstance(value, (bool, np.bool_)):
-    return bool(value)
-  if (isinstance(value, (np.ndarray, jax.Array)) and value.shape == ()
-      and value.dtype == bool and not isinstance(value, jax.core.Tracer)):
-    return bool(value)
-  raise ValueError(
-      f'filter must return a bool (True to quantize the leaf), but returned '
-      f'{validation.short(value)} of type {type(value).__name__} for '
-      f'parameter {state_tree.path_str(path)!r}.')
 
 
 def check_params(params: Any, name: str = 'params', *,
@@ -293,14 +287,6 @@ def check_params(params: Any, name: str = 'params', *,
     raise ValueError(
         f'{name} must be a pytree of arrays (dicts, lists, Flax params), got '
         f'{validation.short(params)}, which holds no array.')
-
-
-def _check_float(path: Any, leaf: Any) -> None:
-  if not state_tree.is_float_array(leaf):
-    raise ValueError(
-        f'parameter {state_tree.path_str(path)!r} is not a floating-point '
-        f'array ({getattr(leaf, "dtype", type(leaf).__name__)}); '
-        'quantize_params quantizes float leaves only (check filter).')
 
 
 def quantize_params(
@@ -434,11 +420,6 @@ def quantized_paths(params: Any) -> list[str]:
   return [state_tree.path_str(p) for p, x in flat if qarray_lib.is_qarray(x)]
 
 
-def _same_layout(a: QArray, b: QArray) -> bool:
-  return (a.fmt, a.shape, a.scale_mode, a.block_size) == (
-      b.fmt, b.shape, b.scale_mode, b.block_size)
-
-
 def apply_updates(params: Any, updates: Any) -> Any:
   """Applies updates to parameters that may be quantized.
 
@@ -511,20 +492,12 @@ def apply_updates(params: Any, updates: Any) -> Any:
 
 @jax.custom_vjp
 def _straight_through(x: jax.Array, y: jax.Array) -> jax.Array:
+  """``y``, with the gradient passed to ``x`` unchanged (none to ``y``)."""
   del x
   return y
 
 
-def _st_fwd(x, y):
-  del x
-  return y, None
-
-
-def _st_bwd(_, g):
-  return g, None
-
-
-_straight_through.defvjp(_st_fwd, _st_bwd)
+_straight_through.defvjp(lambda x, y: (y, None), lambda _, g: (g, None))
 
 
 def fake_quantize_params(

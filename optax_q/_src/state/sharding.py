@@ -210,9 +210,33 @@ def state_shardings(
       [] if validation.check_bool(strict, 'strict') else None, [], [])
   out = _visit(state, '', ctx)
   if ctx.stray and not ctx.matched:
-    _raise_stray(ctx)
+    # Buffers, but no subtree laid out like the parameters.
+    path, x = ctx.stray[0]
+    names = ctx.names
+    params_like = ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
+    raise ValueError(
+        f'state{path} is {_describe(x)}, but no subtree of the state is laid '
+        f'out like param_shardings, whose leaves are {params_like} '
+        f'({len(names)} in all). Pass the shardings of the parameters the '
+        'state was initialised from, in their structure.')
   if ctx.problems or (strict and ctx.stray):
-    _raise_strict(ctx)
+    # Strict mode: every buffer, or axis of one, that the rule does not
+    # shard like its parameter.
+    lines = list(ctx.problems) + [
+        f'state{path} is {_describe(x)}, but it lies outside the subtrees '
+        'laid out like param_shardings '
+        f'({", ".join(f"state{m}" for m in ctx.matched[:3])})'
+        for path, x in ctx.stray]
+    raise ValueError(
+        f'state_shardings(strict=True): {len(lines)} state buffer(s) or '
+        'axes would not be sharded like their parameters:\n'
+        + '\n'.join(f'  {line}' for line in lines) + '\n'
+        'For an axis: pick a block_size (Shampoo and SOAP factors: a '
+        'max_preconditioner_dim) so that the number of blocks divides the '
+        'mesh axes (4-bit codes: half the axis must divide). For a buffer '
+        'outside the parameters\' subtrees: pass the shardings of the '
+        'parameters the state was initialised from. Or pass strict=False to '
+        'replicate them.')
   return out
 
 
@@ -235,29 +259,8 @@ def _is_leaf(x) -> bool:
   return qarray_lib.is_qarray(x) or jax.tree_util.all_leaves([x])
 
 
-def _slot_sharding(slot, sharding, *, problems, what):
-  """Shardings of one parameter's slot: a buffer, a QArray or a subtree."""
-  flat, slot_def = jax.tree_util.tree_flatten_with_path(
-      slot, is_leaf=qarray_lib.is_qarray)
-  return slot_def.unflatten([
-      _leaf_sharding(x, sharding, problems=problems,
-                     what=what + jax.tree_util.keystr(p)) for p, x in flat])
-
-
-def _per_parameter(node, ctx: _Context) -> list[Any] | None:
-  """``node``'s slots by parameter, if it is laid out like the params."""
-  try:
-    slots = ctx.param_def.flatten_up_to(node)
-  except (ValueError, TypeError):
-    return None
-  has_buffers = any(
-      qarray_lib.is_qarray(x) or hasattr(x, 'shape')
-      or any(hasattr(y, 'shape') for y in jax.tree.leaves(x))
-      for x in slots)
-  return slots if has_buffers else None
-
-
-def _visit(node, path: str, ctx: _Context):
+def _visit(  # pylint: disable=too-many-return-statements
+    node, path: str, ctx: _Context):
   """Shardings of ``node`` at ``path`` (a key string) of the state."""
   if node is None:
     return None
@@ -265,71 +268,48 @@ def _visit(node, path: str, ctx: _Context):
     ctx.matched.append(path)
     return _leaf_sharding(node, ctx.shardings[0], problems=ctx.problems,
                           what=f'state{path}')
-  slots = None if ctx.single or _is_leaf(node) else _per_parameter(node, ctx)
-  if slots is not None:
+  # A subtree laid out like the parameters (one slot per parameter, and
+  # buffers in the slots) takes their shardings, slot by slot: each buffer
+  # or QArray of a slot (a leaf or a subtree) takes its parameter's.
+  slots = None
+  if not (ctx.single or _is_leaf(node)):
+    try:
+      slots = ctx.param_def.flatten_up_to(node)
+    except (ValueError, TypeError):
+      slots = None
+  if slots is not None and any(
+      qarray_lib.is_qarray(x) or hasattr(x, 'shape')
+      or any(hasattr(y, 'shape') for y in jax.tree.leaves(x))
+      for x in slots):
     ctx.matched.append(path)
-    return ctx.param_def.unflatten([
-        _slot_sharding(x, s, problems=ctx.problems,
-                       what=f'state{path}{n}')
-        for x, s, n in zip(slots, ctx.shardings, ctx.names)])
+    out = []
+    for slot, sharding, name in zip(slots, ctx.shardings, ctx.names):
+      flat, slot_def = jax.tree_util.tree_flatten_with_path(
+          slot, is_leaf=qarray_lib.is_qarray)
+      out.append(slot_def.unflatten([
+          _leaf_sharding(x, sharding, problems=ctx.problems,
+                         what=f'state{path}{name}' + jax.tree_util.keystr(p))
+          for p, x in flat]))
+    return ctx.param_def.unflatten(out)
+  rep = NamedSharding(ctx.shardings[0].mesh, PartitionSpec())
   if state_tree.is_telemetry(node):  # Per-leaf statistics: replicated.
-    rep = NamedSharding(ctx.shardings[0].mesh, PartitionSpec())
     return jax.tree.map(lambda _: rep, node)
   if _is_leaf(node):
-    return _replicated(node, path, ctx)
+    # Outside the per-parameter subtrees: replicated. Its buffers are stray,
+    # unless they are constants of the transform (the field is the
+    # innermost attribute of the key string: ``.mu['w']``, mu).
+    for p, x in jax.tree_util.tree_flatten_with_path(
+        node, is_leaf=qarray_lib.is_qarray)[0]:
+      where = path + jax.tree_util.keystr(p)
+      fields = re.findall(r'\.(\w+)', where)
+      if _is_buffer(x) and (
+          fields[-1] if fields else None) not in CONSTANT_FIELDS:
+        ctx.stray.append((where, x))
+    if qarray_lib.is_qarray(node):
+      return dataclasses.replace(
+          node, codes=rep, scale=None if node.scale is None else rep)
+    return jax.tree.map(lambda _: rep, node)
   children, node_def = jax.tree_util.tree_flatten_with_path(
       node, is_leaf=lambda y: y is not node)
   return node_def.unflatten([
       _visit(c, path + jax.tree_util.keystr(p), ctx) for p, c in children])
-
-
-def _replicated(node, path: str, ctx: _Context):
-  """Replicated shardings for a leaf outside the per-parameter subtrees."""
-  mesh = ctx.shardings[0].mesh
-  rep = NamedSharding(mesh, PartitionSpec())
-  for p, x in jax.tree_util.tree_flatten_with_path(
-      node, is_leaf=qarray_lib.is_qarray)[0]:
-    where = path + jax.tree_util.keystr(p)
-    if _is_buffer(x) and _field(where) not in CONSTANT_FIELDS:
-      ctx.stray.append((where, x))
-  if qarray_lib.is_qarray(node):
-    return dataclasses.replace(
-        node, codes=rep, scale=None if node.scale is None else rep)
-  return jax.tree.map(lambda _: rep, node)
-
-
-def _field(path: str) -> str | None:
-  """The innermost attribute named in a key string (``.mu['w']``: mu)."""
-  fields = re.findall(r'\.(\w+)', path)
-  return fields[-1] if fields else None
-
-
-def _raise_strict(ctx: _Context):
-  """The error of strict mode: every buffer, or axis of one, that the rule
-  does not shard like its parameter."""
-  lines = list(ctx.problems) + [
-      f'state{path} is {_describe(x)}, but it lies outside the subtrees laid '
-      'out like param_shardings '
-      f'({", ".join(f"state{m}" for m in ctx.matched[:3])})'
-      for path, x in ctx.stray]
-  raise ValueError(
-      f'state_shardings(strict=True): {len(lines)} state buffer(s) or '
-      'axes would not be sharded like their parameters:\n'
-      + '\n'.join(f'  {line}' for line in lines) + '\n'
-      'For an axis: pick a block_size (Shampoo and SOAP factors: a '
-      'max_preconditioner_dim) so that the number of blocks divides the mesh '
-      'axes (4-bit codes: half the axis must divide). For a buffer outside '
-      'the parameters\' subtrees: pass the shardings of the parameters the '
-      'state was initialised from. Or pass strict=False to replicate them.')
-
-
-def _raise_stray(ctx: _Context):
-  """The error for buffers when no subtree is laid out like the params."""
-  path, x = ctx.stray[0]
-  names = ctx.names
-  params_like = ', '.join(names[:4]) + (', ...' if len(names) > 4 else '')
-  raise ValueError(
-      f'state{path} is {_describe(x)}, but no subtree of the state is laid '
-      f'out like param_shardings, whose leaves are {params_like} '
-      f'({len(names)} in all). Pass the shardings of the parameters the '
-      'state was initialised from, in their structure.')

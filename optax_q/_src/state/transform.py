@@ -123,33 +123,6 @@ def _check_formats(formats: FormatSpec, nonnegative: frozenset[str]
       '(path, leaf) -> format')
 
 
-def _check_layouts(formats: FormatSpec, scale_mode: Any) -> None:
-  """Raises where a format known at construction can't take its scale
-  mode (the others are checked leaf by leaf at ``init``)."""
-  if scale_mode is None or formats is None or callable(formats) and (
-      not isinstance(formats, Format)):
-    return
-  fields = formats if isinstance(formats, Mapping) else (
-      scale_mode if isinstance(scale_mode, Mapping) else {None: None})
-  for field in fields:
-    fmt = formats.get(field) if isinstance(formats, Mapping) else formats
-    mode = (scale_mode.get(field) if isinstance(scale_mode, Mapping)
-            else scale_mode)
-    if fmt is not None and mode is not None:
-      name = 'scale_mode' if field is None else f'scale_mode[{field!r}]'
-      qarray_lib.check_layout(fmt, mode, name)
-
-
-def _check_rounding(rounding: Any) -> str | dict[str, str]:
-  """A rounding name, or a dict {field: rounding name}, checked early."""
-  if not isinstance(rounding, Mapping):
-    return validation.check_rounding(rounding)
-  return validation.check_field_map(
-      rounding, 'rounding',
-      lambda key, mode: validation.check_rounding(mode, f'rounding[{key!r}]'),
-      'a dict')
-
-
 def check_storage_args(*, rounding: Any, block_size: Any, seed: Any,
                        min_size: Any) -> tuple[Any, int, Any, int]:
   """Checks the storage arguments of `quantize_state`.
@@ -159,9 +132,15 @@ def check_storage_args(*, rounding: Any, block_size: Any, seed: Any,
   ``jax.Array``, as ``optax.inject_hyperparams`` injects it); a ValueError
   names the bad argument and the allowed values.
   """
+  if isinstance(rounding, Mapping):
+    rounding = validation.check_field_map(
+        rounding, 'rounding', lambda key, mode: validation.check_rounding(
+            mode, f'rounding[{key!r}]'), 'a dict')
+  else:
+    rounding = validation.check_rounding(rounding)
   hint = validation.STATIC_HINT
   return (
-      _check_rounding(rounding),
+      rounding,
       validation.check_block_size(
           DEFAULT_BLOCK_SIZE if block_size is None else block_size),
       validation.check_seed(DEFAULT_SEED if seed is None else seed,
@@ -254,7 +233,20 @@ class StorageConfig:
           "kernel='pallas' runs the tiles of the per-parameter path: pass "
           "elementwise=True (for an elementwise inner transform), or "
           "kernel='auto' or 'xla'.")
-    _check_layouts(checked['formats'], checked['scale_mode'])
+    # A format known now must take its scale mode (those a callable gives
+    # are checked leaf by leaf at ``init``).
+    formats, scale_mode = checked['formats'], checked['scale_mode']
+    if scale_mode is not None and formats is not None and (
+        isinstance(formats, Format) or not callable(formats)):
+      fields = formats if isinstance(formats, Mapping) else (
+          scale_mode if isinstance(scale_mode, Mapping) else {None: None})
+      for field in fields:
+        fmt = formats.get(field) if isinstance(formats, Mapping) else formats
+        mode = (scale_mode.get(field) if isinstance(scale_mode, Mapping)
+                else scale_mode)
+        if fmt is not None and mode is not None:
+          name = 'scale_mode' if field is None else f'scale_mode[{field!r}]'
+          qarray_lib.check_layout(fmt, mode, name)
     for name, value in checked.items():
       object.__setattr__(self, name, value)
 
@@ -341,8 +333,24 @@ def plan_leaf(config: StorageConfig, path, leaf, root,
   if fmt is None or fmt.is_identity:
     return leaf if box is None else box
   codec = config.codec_for(path, leaf, fmt, root)
-  if zero and not _sharded_outside_jit(leaf):
-    q = _zeros_like_leaf(leaf, codec)
+  # A concrete leaf across several devices is encoded even when zero: its
+  # encoding outside ``jit`` is sharded as the compiler propagates the
+  # leaf's sharding through the encoder (where blocks or packed bytes don't
+  # divide, not as `state_shardings` lays it out).
+  spread = False
+  if zero and not isinstance(leaf, jax.core.Tracer):
+    sharding = getattr(leaf, 'sharding', None)
+    spread = sharding is not None and len(sharding.device_set) > 1
+  if zero and not spread:
+    # On a mesh with Explicit axes, the buffers are sharded as
+    # `state_shardings` lays out the sharding in the leaf's type (the
+    # shardings its encoding gets there).
+    type_sharding = explicit.type_sharding(leaf)
+    shardings = (None, None)
+    if type_sharding is not None:
+      shardings = codec.shardings(tuple(leaf.shape), type_sharding)
+    q = codec.zeros(leaf.shape, leaf.dtype, codes_sharding=shardings[0],
+                    scale_sharding=shardings[1])
   else:
     q = codec.encode_compiled(leaf, key=None)
   if not fmt.simulated and q.nbytes >= qarray_lib.nbytes_of(leaf):
@@ -356,29 +364,6 @@ def plan_leaf(config: StorageConfig, path, leaf, root,
   return dataclasses.replace(
       q, codes=state_tree.rebox(box, q.codes),
       scale=None if q.scale is None else state_tree.rebox(box, q.scale))
-
-
-def _sharded_outside_jit(leaf) -> bool:
-  """Whether ``leaf`` is a concrete array across several devices: its
-  encoding outside ``jit`` is sharded as the compiler propagates the
-  leaf's sharding through the encoder (where blocks or packed bytes don't
-  divide, not as `state_shardings` lays it out), so it is encoded."""
-  if isinstance(leaf, jax.core.Tracer):
-    return False
-  sharding = getattr(leaf, 'sharding', None)
-  return sharding is not None and len(sharding.device_set) > 1
-
-
-def _zeros_like_leaf(leaf, codec: codec_lib.Codec) -> qarray_lib.QArray:
-  """``codec.zeros`` of ``leaf``'s shape and dtype; on a mesh with Explicit
-  axes, its buffers sharded as `state_shardings` lays out the sharding in
-  ``leaf``'s type (the shardings its encoding gets there)."""
-  sharding = explicit.type_sharding(leaf)
-  shardings = (None, None)
-  if sharding is not None:
-    shardings = codec.shardings(tuple(leaf.shape), sharding)
-  return codec.zeros(leaf.shape, leaf.dtype, codes_sharding=shardings[0],
-                     scale_sharding=shardings[1])
 
 
 def _is_zero(v, zeros: set[Any]) -> bool:
@@ -441,76 +426,53 @@ def _init(config: StorageConfig, inner, params) -> QuantizedState:
       count=jnp.zeros([], jnp.int32), inner_state=qstate, stalled=stalled)
 
 
-class _Step(NamedTuple):
-  """What both update paths need: the config, the inner update, the
-  stored state flattened with QArrays as leaves, and the leaves' fields."""
-
-  config: StorageConfig
-  inner_update: Callable[..., Any]
-  count: jax.Array
-  flat_old: list[Any]
-  treedef: Any
-  fields: list[str | None]
-
-  def rounding_for(self, index: int) -> str:
-    return self.config.rounding_for(self.fields[index])
-
-  def key_for(self, index: int) -> jax.Array | None:
-    return self.config.key_for(self.count, index, self.fields[index])
-
-
-def _update_leafwise(step: _Step, updates, params, extra_args):
-  """The per-parameter path (see ``leafwise``), or None where it can't go."""
-  result = leafwise.update(
-      step.inner_update, updates, step.treedef.unflatten(step.flat_old),
-      params, extra_args, key_for=step.key_for,
-      rounding_for=step.rounding_for, tile_size=step.config.tile_size,
-      track_stalls=step.config.track_stalls, kernel=step.config.kernel)
-  if result is None:
-    return None
-  new_updates, new_qstate, stall_at = result
-  stalled = None
-  if step.config.track_stalls:
-    stalled = step.treedef.unflatten([
-        stall_at[i] if qarray_lib.is_qarray(o) else None
-        for i, o in enumerate(step.flat_old)])
-  return new_updates, new_qstate, stalled
-
-
-def _update_whole_tree(step: _Step, updates, params, extra_args):
-  """Decode every leaf, one inner update on the whole tree, encode."""
-  decoded = step.treedef.unflatten([
-      leafwise.decode_for_inner(o, step.rounding_for(i))
-      for i, o in enumerate(step.flat_old)])
-  new_updates, new_inner = step.inner_update(
-      updates, decoded, params, **extra_args)
-  flat_new = step.treedef.flatten_up_to(new_inner)
-  new_qstate = step.treedef.unflatten([
-      qarray_lib.encode_like(o, n, key=step.key_for(i))
-      if qarray_lib.is_qarray(o) else n
-      for i, (o, n) in enumerate(zip(step.flat_old, flat_new))])
-  old = step.treedef.unflatten(step.flat_old)
-  stalled = (_stall_tree(new_qstate, old) if step.config.track_stalls
-             else None)
-  return new_updates, new_qstate, stalled
-
-
 def _update(config: StorageConfig, inner, updates, state, params=None,
             **extra_args):
+  inner_update = optax.with_extra_args_support(inner).update
+  # The stored state flattened with QArrays as leaves, and the leaves' fields
+  # (which set their rounding).
   old = state.inner_state
   flat = jax.tree_util.tree_flatten_with_path(
       old, is_leaf=qarray_lib.is_qarray)[0]
-  step = _Step(
-      config, optax.with_extra_args_support(inner).update, state.count,
-      [x for _, x in flat],
-      jax.tree.structure(old, is_leaf=qarray_lib.is_qarray),
-      [state_tree.field_name(path, old) for path, _ in flat])
+  flat_old = [x for _, x in flat]
+  treedef = jax.tree.structure(old, is_leaf=qarray_lib.is_qarray)
+  fields = [state_tree.field_name(path, old) for path, _ in flat]
+
+  def rounding_for(index: int) -> str:
+    return config.rounding_for(fields[index])
+
+  def key_for(index: int) -> jax.Array | None:
+    return config.key_for(state.count, index, fields[index])
+
   result = None
   if config.elementwise:
-    result = _update_leafwise(step, updates, params, extra_args)
-  if result is None:
-    result = _update_whole_tree(step, updates, params, extra_args)
-  new_updates, new_qstate, stalled = result
+    # The per-parameter path (see ``leafwise``), or None where it can't go.
+    result = leafwise.update(
+        inner_update, updates, treedef.unflatten(flat_old), params,
+        extra_args, key_for=key_for, rounding_for=rounding_for,
+        tile_size=config.tile_size, track_stalls=config.track_stalls,
+        kernel=config.kernel)
+  if result is not None:
+    new_updates, new_qstate, stall_at = result
+    stalled = None
+    if config.track_stalls:
+      stalled = treedef.unflatten([
+          stall_at[i] if qarray_lib.is_qarray(o) else None
+          for i, o in enumerate(flat_old)])
+  else:
+    # The whole tree: decode every leaf, one inner update, encode.
+    decoded = treedef.unflatten([
+        leafwise.decode_for_inner(o, rounding_for(i))
+        for i, o in enumerate(flat_old)])
+    new_updates, new_inner = inner_update(
+        updates, decoded, params, **extra_args)
+    flat_new = treedef.flatten_up_to(new_inner)
+    new_qstate = treedef.unflatten([
+        qarray_lib.encode_like(o, n, key=key_for(i))
+        if qarray_lib.is_qarray(o) else n
+        for i, (o, n) in enumerate(zip(flat_old, flat_new))])
+    stalled = (_stall_tree(new_qstate, treedef.unflatten(flat_old))
+               if config.track_stalls else None)
   # Updates take the gradients' dtypes. Where the inner transform returns
   # a pytree in place of a gradient's array (the new weights
   # ``optax_q.eco`` gives quantized parameters), it is kept as it is.
