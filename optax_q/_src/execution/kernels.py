@@ -21,17 +21,16 @@ afterwards, for the update, the compiler copies them first). The step is
 the leafwise pass's own (decode, the inner update, block maxima, encode:
 the codecs of ``qarray``), traced into the kernel body, so the kernel
 holds no second copy of any codec. Interpreted (on CPU, where the tests
-compare them bit for bit) its codes are the XLA loop's; compiled by Triton
-or Mosaic, a kernel may form fused multiply-adds where XLA does not, which
-would move a moment's last bit: unchecked until it runs on an
-accelerator.
+compare them bit for bit) its codes are the XLA loop's.
 
-On GPU (Triton) and TPU (Mosaic) the whole step of a tile is then one
-kernel: the moments are decoded, updated, reduced to their block maxima and
-encoded in registers and on-chip memory, once. Where a step does not lower
-(a table format's gather on Triton, say), ``kernel='auto'`` keeps the XLA
-loop: `lowers` compiles the kernel once, at trace time, and says whether
-it did.
+On GPU (Triton) and TPU (Mosaic) the whole step of a tile would be one
+kernel: the moments decoded, updated, reduced to their block maxima and
+encoded in registers and on-chip memory, once. A tile is one block here,
+which is larger than a GPU program holds, and on an H200 Pallas' Triton
+lowering refused this step for every format family (the performance
+page's GPU section says why for each). Where a step does not lower,
+``kernel='auto'`` keeps the XLA loop: `lowers` compiles the kernel once, at
+trace time, and says whether it did.
 
 ``'auto'`` takes the kernel only where the step runs on one device: under
 a mesh it keeps the XLA loop, which the compiler partitions (a custom call
