@@ -11,12 +11,12 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Defects found by trying the core as an adversarial user would.
+"""Extreme values through the codecs, as an adversarial user sends them.
 
-Each test failed before its fix: one huge finite gradient poisoned a whole
-block; the unsigned dynamic map was not bitsandbytes' map and huge blocks
-decoded to zeros or NaN; a float32-max input decoded to infinity;
-checkpoints restored silently into another format.
+One huge finite gradient must not poison its block; infinities and NaNs stay
+in their elements; float32's largest value, subnormal and empty blocks round
+trip; the dynamic maps are bitsandbytes' tables; a checkpoint does not
+restore silently into another format.
 """
 
 import hashlib
