@@ -1115,12 +1115,33 @@ def quantize(
     stream: int = 0,
     scale: str | None = None,
 ) -> QArray:
-  """Quantizes ``x`` into a [`QArray`][optax_q.QArray].
+  r"""Quantizes ``x`` into a [`QArray`][optax_q.QArray].
 
   Values are divided by a scale (the absolute maximum of their tensor, row
   or block of ``block_size`` elements along the last axis, divided by the
   format's largest value), rounded to the format's grid, and stored as codes.
-  Arithmetic is float32 throughout.
+  Arithmetic is float32 throughout. For an element `x_i` of the group `b`
+  that shares its scale, and a grid `G` whose largest value is `t` (1 for
+  grids with 8 exponent bits, such as ``bf16`` and ``e8m{M}``):
+
+  ```tex
+  s_b = \frac{\max_{j \in b} |x_j|}{t}, \qquad
+  c_i = R_G\!\left(\frac{x_i}{s_b}\right), \qquad
+  \hat x_i = s_b\, G[c_i],
+  ```
+
+  with `s_b` rounded down in float32 so that
+  `t\, s_b \le \max_{j \in b} |x_j|` (the largest code never overflows),
+  and `R_G` saturating at the grid's ends. `R_G` rounds to the nearest
+  value of `G`, or stochastically to one of the two neighbours
+  `g_- \le y \le g_+` with `P(g_+) = (y - g_-)/(g_+ - g_-)`, so that
+  `E[\hat x_i] = x_i` (a codebook named ``<codec>@<space>`` takes that
+  fraction in its space, and is unbiased there). ``'block_pow2'`` takes
+  for `s_b` the smallest power of two `\ge \max_{j \in b} |x_j| / t`;
+  ``'rank1'`` gives each element the smallest of the scales of the slices
+  through it, one per axis; ``'none'`` takes `s_b = 1`. The ``_dre``
+  formats round `t\, \mathrm{sign}(x_i)\, (|x_i| / \max_{j \in b} |x_j|)^{k}`
+  instead, with a power of two `k \in \{1, 2, 4\}` per group.
 
   Args:
     x: The array to quantize (any float dtype; scalars and empty arrays are
