@@ -517,7 +517,7 @@ def _decode_values(codes: jax.Array, fmt: Format) -> jax.Array:
   return rounding_lib.lookup(table, codes.astype(jnp.int32))
 
 
-def encode(
+def encode(  # pylint: disable=too-many-branches
     x: jax.Array,
     fmt: Format,
     *,
