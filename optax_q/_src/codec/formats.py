@@ -292,23 +292,6 @@ def _codebook(name, table, *, bits, signed) -> Format:
   )
 
 
-def _e2m1_table() -> tuple[float, ...]:
-  pos = _float_grid(2, 1, 6.0)  # 0, .5, 1, 1.5, 2, 3, 4, 6
-  neg = tuple(-v for v in reversed(pos[1:]))
-  # 15 distinct values; the 16th code (negative zero) duplicates zero.
-  return neg + (0.0, 0.0) + pos[1:]
-
-
-def _e2m2u_table() -> tuple[float, ...]:
-  # Unsigned E2M2 (bias 1, subnormals, no inf/NaN) with zero excluded, as
-  # the second-moment grid of the staleness paper (after Li et al.'s
-  # zero-point fix). The paper does not give the exact grid; ours is
-  # {0.25, 0.5, 0.75, 1, 1.25, ..., 7}: 15 values, the 16th code repeats
-  # the largest.
-  values = _float_grid(2, 2, 7.0)[1:]
-  return values + (values[-1],)
-
-
 _BUILTIN = {
     'fp32': Format('fp32', 'float', 32, 'float32', 8, 23,
                    float(np.finfo(np.float32).max), scaled=False,
@@ -327,14 +310,24 @@ _BUILTIN = {
 
 @functools.cache
 def _fp4_e2m1() -> Format:
-  f = _codebook('fp4_e2m1', _e2m1_table(), bits=4, signed=True)
+  pos = _float_grid(2, 1, 6.0)  # 0, .5, 1, 1.5, 2, 3, 4, 6
+  neg = tuple(-v for v in reversed(pos[1:]))
+  # 15 distinct values; the 16th code (negative zero) duplicates zero.
+  table = neg + (0.0, 0.0) + pos[1:]
+  f = _codebook('fp4_e2m1', table, bits=4, signed=True)
   return dataclasses.replace(f, exponent_bits=2, mantissa_bits=1,
                              min_normal=1.0)
 
 
 @functools.cache
 def _fp4_e2m2u() -> Format:
-  f = _codebook('fp4_e2m2u', _e2m2u_table(), bits=4, signed=False)
+  # Unsigned E2M2 (bias 1, subnormals, no inf/NaN) with zero excluded, as
+  # the second-moment grid of the staleness paper (after Li et al.'s
+  # zero-point fix). The paper does not give the exact grid; ours is
+  # {0.25, 0.5, 0.75, 1, 1.25, ..., 7}: 15 values, the 16th code repeats
+  # the largest.
+  values = _float_grid(2, 2, 7.0)[1:]
+  f = _codebook('fp4_e2m2u', values + (values[-1],), bits=4, signed=False)
   return dataclasses.replace(f, exponent_bits=2, mantissa_bits=2,
                              min_normal=1.0)
 
@@ -363,8 +356,15 @@ FLOAT_VARIANTS = ('', 'fn', '_ieee')
 
 
 @functools.cache
-def _simulated(ebits: int, mbits: int, variant: str = '') -> Format:
-  """``e{E}m{M}[fn|_ieee]``: a float grid with subnormals, saturating."""
+def _simulated(ebits: int, mbits: int, variant: str = '') -> Format | None:
+  """``e{E}m{M}[fn|_ieee]``: a float grid with subnormals, saturating;
+  None when ``E``, ``M`` or the variant is out of range."""
+  if not (1 <= ebits <= 8 and 0 <= mbits <= 23):
+    return None
+  if variant == '_ieee' and ebits < 2:
+    return None  # No normal exponent would be left.
+  if variant == 'fn' and not 2 <= ebits <= 7:
+    return None  # e1: no normal values; e8: past float32's range.
   bias = 2 ** (ebits - 1) - 1
   # The top exponent field: every field is finite, except with 8 exponent
   # bits, where the top one stays reserved so that the grid fits its
@@ -382,17 +382,6 @@ def _simulated(ebits: int, mbits: int, variant: str = '') -> Format:
   container = 'bfloat16' if ebits <= 8 and mbits <= 7 else 'float32'
   return _ieee_float(f'e{ebits}m{mbits}{variant}', ebits, mbits, container,
                      max_value, scaled=ebits < 8)
-
-
-def _simulated_named(ebits: int, mbits: int, variant: str) -> Format | None:
-  """The simulated grid of a parsed name, or None when out of range."""
-  if not (1 <= ebits <= 8 and 0 <= mbits <= 23):
-    return None
-  if variant == '_ieee' and ebits < 2:
-    return None  # No normal exponent would be left.
-  if variant == 'fn' and not 2 <= ebits <= 7:
-    return None  # e1: no normal values; e8: past float32's range.
-  return _simulated(ebits, mbits, variant)
 
 
 @functools.cache
@@ -521,8 +510,7 @@ def _named(key: str) -> Format | None:
     return _NAMED[key]()
   m = _SIMULATED.match(key)
   if m:
-    return _simulated_named(int(m.group(1)), int(m.group(2)),
-                            m.group(3) or '')
+    return _simulated(int(m.group(1)), int(m.group(2)), m.group(3) or '')
   m = _UNSIGNED_FLOAT.match(key)
   if m and int(m.group(1)) >= 1 and 3 <= int(m.group(1)) + int(
       m.group(2)) <= 8:

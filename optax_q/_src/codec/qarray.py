@@ -517,7 +517,7 @@ def _decode_values(codes: jax.Array, fmt: Format) -> jax.Array:
   return rounding_lib.lookup(table, codes.astype(jnp.int32))
 
 
-def encode(
+def encode(  # pylint: disable=too-many-branches
     x: jax.Array,
     fmt: Format,
     *,
@@ -557,10 +557,72 @@ def encode(
     codes = _encode_values(xf, fmt, u)
     scale = None
   elif scale_mode == 'rank1':
-    codes, scale = _encode_rank1(xf, fmt, key, sr_rows)
+    # Per axis, the maxima of the finite magnitudes of the slices through
+    # each index of that axis (NaN where a slice holds a NaN), and their
+    # infinity flags; each element is scaled as `_rank1_scales` says.
+    is_inf = jnp.isinf(xf)
+    maxima = []
+    for axis in range(xf.ndim):
+      others = tuple(a for a in range(xf.ndim) if a != axis)
+      top, has_inf, has_nan = finite_maxima(xf, is_inf, axis=others)
+      maxima.append((jnp.where(has_nan, jnp.float32(jnp.nan), top), has_inf))
+    _, pre, inv, _ = _rank1_scales(xf, maxima, fmt)
+    y = _mark_infinities((xf * pre) * inv, xf, fmt)
+    u = (None if key is None
+         else rounding_lib.uniform(key, xf.shape, **sr_rows))
+    codes = _encode_values(y, fmt, u, positive=xf > 0)
+    # The maxima are stored replicated, one axis after another, a slice
+    # holding an infinity negated.
+    signed = [jnp.where(f, -m, m) for m, f in maxima]
+    replicated = [explicit.reshard(m, None if explicit.spec_of(m) is None
+                                   else explicit.with_spec(m, (None,)))
+                  for m in signed]
+    scale = jnp.concatenate(replicated).reshape(
+        (1,) * (xf.ndim - 1) + (sum(xf.shape),))
   else:
-    codes, scale = _encode_scaled(xf, fmt, scale_mode, block_size, key,
-                                  sr_rows, materialize)
+    xb = _blocked(xf, scale_mode, block_size)
+    is_inf = jnp.isinf(xb)
+    # The scale follows the finite values; an infinity takes the grid's end
+    # code of its sign, and its block's scale is stored negated (sign bit
+    # set) to say so; a NaN takes the upper end code, and its block's scale
+    # is stored boxed in a NaN (`box_scale`).
+    u = (None if key is None
+         else rounding_lib.uniform(key, xb.shape, **sr_rows))
+    nan_code = None
+    if scale_mode == 'block_pow2' or fmt.expand:
+      absmax, has_inf, has_nan = finite_maxima(xb, is_inf, axis=-1)
+      target, inverse = block_targets(fmt, has_inf)
+      if scale_mode == 'block_pow2':
+        stored = pow2_scale(absmax, target, has_inf | has_nan)
+        y = scale_by_exponent(xb, stored, inverse=True)
+      else:
+        # fp8 codes: a NaN keeps its own NaN code.
+        steps = range_exponent(xb, ~is_inf, absmax, fmt)
+        stored = with_exponent(absmax, steps)
+        y = _expand(apply_inverse_scale(xb, group_maximum(stored)), steps,
+                    target)
+        stored = jnp.where(has_inf, -stored, stored)
+    else:
+      def per_block():
+        absmax, has_inf, has_nan = finite_maxima(xb, is_inf, axis=-1)
+        target, inverse = block_targets(fmt, has_inf | has_nan)
+        scale, stored = box_scale(block_scale(absmax, target, inverse),
+                                  has_nan)
+        stored = jnp.where(has_inf & ~has_nan, -stored, stored)
+        return target, stored, _reciprocal(scale)
+      target, stored, reciprocal = (
+          per_block() if materialize is None else materialize(per_block))
+      y = _times_reciprocal(xb, *reciprocal)
+      nan_code = grid_extremes(fmt)[1]
+    # A block's finite values stay inside its target (a saturated scale may
+    # leave them above it), so that only infinities (and NaNs) take the end
+    # codes.
+    limit = target[..., None]
+    y = _mark_infinities(jnp.clip(y, -limit, limit), xb, fmt)
+    if nan_code is not None:
+      y = jnp.where(jnp.isnan(xb), np.float32(nan_code), y)
+    codes = _encode_values(y, fmt, u, positive=xb > 0, clipped=fmt.signed)
+    codes, scale = _unblocked(codes, xf), stored
   if fmt.packed:
     codes = packing.pack(codes, fmt.bits)
   if not shape:
@@ -571,54 +633,6 @@ def encode(
       scale = scale.reshape(())
   return QArray(codes, scale, fmt, shape, dtype, scale_mode,
                 block_size if scale_mode in BLOCK_MODES else 0)
-
-
-def _encode_scaled(xf, fmt, scale_mode, block_size, key, sr_rows,
-                   materialize=None):
-  """Unpacked codes and stored scales of float32 ``xf`` (rank >= 1)."""
-  xb = _blocked(xf, scale_mode, block_size)
-  is_inf = jnp.isinf(xb)
-  # The scale follows the finite values; an infinity takes the grid's end
-  # code of its sign, and its block's scale is stored negated (sign bit
-  # set) to say so; a NaN takes the upper end code, and its block's scale
-  # is stored boxed in a NaN (`box_scale`).
-  u = (None if key is None
-       else rounding_lib.uniform(key, xb.shape, **sr_rows))
-  nan_code = None
-  if scale_mode == 'block_pow2' or fmt.expand:
-    absmax, has_inf, has_nan = finite_maxima(xb, is_inf, axis=-1)
-    target, inverse = block_targets(fmt, has_inf)
-    if scale_mode == 'block_pow2':
-      stored = pow2_scale(absmax, target, has_inf | has_nan)
-      y = scale_by_exponent(xb, stored, inverse=True)
-    else:
-      # fp8 codes: a NaN keeps its own NaN code.
-      steps = range_exponent(xb, ~is_inf, absmax, fmt)
-      stored = with_exponent(absmax, steps)
-      y = _expand(apply_inverse_scale(xb, group_maximum(stored)), steps,
-                  target)
-      stored = jnp.where(has_inf, -stored, stored)
-  else:
-    def per_block():
-      absmax, has_inf, has_nan = finite_maxima(xb, is_inf, axis=-1)
-      target, inverse = block_targets(fmt, has_inf | has_nan)
-      scale, stored = box_scale(block_scale(absmax, target, inverse),
-                                has_nan)
-      stored = jnp.where(has_inf & ~has_nan, -stored, stored)
-      return target, stored, _reciprocal(scale)
-    target, stored, reciprocal = (
-        per_block() if materialize is None else materialize(per_block))
-    y = _times_reciprocal(xb, *reciprocal)
-    nan_code = grid_extremes(fmt)[1]
-  # A block's finite values stay inside its target (a saturated scale may
-  # leave them above it), so that only infinities (and NaNs) take the end
-  # codes.
-  limit = target[..., None]
-  y = _mark_infinities(jnp.clip(y, -limit, limit), xb, fmt)
-  if nan_code is not None:
-    y = jnp.where(jnp.isnan(xb), np.float32(nan_code), y)
-  codes = _encode_values(y, fmt, u, positive=xb > 0, clipped=fmt.signed)
-  return _unblocked(codes, xf), stored
 
 
 def _mark_infinities(y: jax.Array, x: jax.Array, fmt: Format) -> jax.Array:
@@ -652,15 +666,6 @@ def _restore_infinities(out: jax.Array, y: jax.Array, magnitude: jax.Array,
   if fmt.signed:
     out = jnp.where(flagged & (y <= jnp.float32(lo)), -inf, out)
   return out
-
-
-# Rank-1 normalisation (``'rank1'``): each element is scaled by the smallest
-# of the absolute maxima of the slices through it, one per axis: for a
-# matrix the smaller of its row's and its column's maximum (Li et al., 2023),
-# for a tensor of rank p the smallest of p. The maxima are stored one axis
-# after another as one float32 array of shape (1, ..., 1, sum(shape)); a
-# slice holding an infinity has its maximum stored negated, as a flagged
-# block's scale is.
 
 
 def finite_maxima(x: jax.Array, is_inf: jax.Array, axis
@@ -723,16 +728,13 @@ def unbox_scale(stored: jax.Array) -> tuple[jax.Array, jax.Array]:
   return jnp.where(boxed, inner, jnp.abs(stored)), boxed
 
 
-def _rank1_maxima(xf: jax.Array):
-  """Per axis, the maxima of the finite magnitudes of the slices through
-  each index of that axis, and their infinity flags (rank >= 2)."""
-  is_inf = jnp.isinf(xf)
-  out = []
-  for axis in range(xf.ndim):
-    others = tuple(a for a in range(xf.ndim) if a != axis)
-    top, has_inf, has_nan = finite_maxima(xf, is_inf, axis=others)
-    out.append((jnp.where(has_nan, jnp.float32(jnp.nan), top), has_inf))
-  return out
+# Rank-1 normalisation (``'rank1'``): each element is scaled by the smallest
+# of the absolute maxima of the slices through it, one per axis: for a
+# matrix the smaller of its row's and its column's maximum (Li et al., 2023),
+# for a tensor of rank p the smallest of p. The maxima are stored one axis
+# after another as one float32 array of shape (1, ..., 1, sum(shape)); a
+# slice holding an infinity has its maximum stored negated, as a flagged
+# block's scale is.
 
 
 def _rank1_scales(x: jax.Array, maxima, fmt: Format):
@@ -773,32 +775,6 @@ def _along(v: jax.Array, x: jax.Array, axis: int) -> jax.Array:
   if spec is None:
     return v
   return explicit.reshard(v, explicit.with_spec(x, (spec[axis],)))
-
-
-def _encode_rank1(xf, fmt, key, sr_rows):
-  """Unpacked codes and stored maxima of ``xf`` (rank >= 2)."""
-  maxima = _rank1_maxima(xf)
-  _, pre, inv, _ = _rank1_scales(xf, maxima, fmt)
-  y = _mark_infinities((xf * pre) * inv, xf, fmt)
-  u = (None if key is None
-       else rounding_lib.uniform(key, xf.shape, **sr_rows))
-  codes = _encode_values(y, fmt, u, positive=xf > 0)
-  signed = [jnp.where(f, -m, m) for m, f in maxima]
-  replicated = [explicit.reshard(m, None if explicit.spec_of(m) is None
-                                 else explicit.with_spec(m, (None,)))
-                for m in signed]
-  stored = jnp.concatenate(replicated).reshape(
-      (1,) * (xf.ndim - 1) + (sum(xf.shape),))
-  return codes, stored
-
-
-def _decode_rank1(y: jax.Array, stored: jax.Array, fmt: Format) -> jax.Array:
-  flat = stored.reshape(-1)
-  bounds = np.cumsum((0,) + y.shape)
-  maxima = [(jnp.abs(flat[a:b]), jnp.signbit(flat[a:b]))
-            for a, b in zip(bounds[:-1], bounds[1:])]
-  scale, _, _, flagged = _rank1_scales(y, maxima, fmt)
-  return _restore_infinities(y * scale, y, scale, flagged, fmt)
 
 
 # The expansion exponent ``k`` of ``<format>_dre`` is a power of two in
@@ -1091,7 +1067,12 @@ def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
     codes = packing.unpack(codes, flat_shape[-1], q.fmt.bits)
   y = _decode_values(codes, q.fmt)
   if q.scale is not None and q.scale_mode == 'rank1':
-    y = _decode_rank1(y, q.scale, q.fmt)
+    flat = q.scale.reshape(-1)
+    bounds = np.cumsum((0,) + y.shape)
+    maxima = [(jnp.abs(flat[a:b]), jnp.signbit(flat[a:b]))
+              for a, b in zip(bounds[:-1], bounds[1:])]
+    scale, _, _, flagged = _rank1_scales(y, maxima, q.fmt)
+    y = _restore_infinities(y * scale, y, scale, flagged, q.fmt)
   elif q.scale is not None and q.scale_mode == 'block_pow2':
     scale = q.scale.reshape(1) if not shape else q.scale
     yb = _blocked(y, q.scale_mode, q.block_size)
@@ -1134,12 +1115,33 @@ def quantize(
     stream: int = 0,
     scale: str | None = None,
 ) -> QArray:
-  """Quantizes ``x`` into a [`QArray`][optax_q.QArray].
+  r"""Quantizes ``x`` into a [`QArray`][optax_q.QArray].
 
   Values are divided by a scale (the absolute maximum of their tensor, row
   or block of ``block_size`` elements along the last axis, divided by the
   format's largest value), rounded to the format's grid, and stored as codes.
-  Arithmetic is float32 throughout.
+  Arithmetic is float32 throughout. For an element `x_i` of the group `b`
+  that shares its scale, and a grid `G` whose largest value is `t` (1 for
+  grids with 8 exponent bits, such as ``bf16`` and ``e8m{M}``):
+
+  ```tex
+  s_b = \frac{\max_{j \in b} |x_j|}{t}, \qquad
+  c_i = R_G\!\left(\frac{x_i}{s_b}\right), \qquad
+  \hat x_i = s_b\, G[c_i],
+  ```
+
+  with `s_b` rounded down in float32 so that
+  `t\, s_b \le \max_{j \in b} |x_j|` (the largest code never overflows),
+  and `R_G` saturating at the grid's ends. `R_G` rounds to the nearest
+  value of `G`, or stochastically to one of the two neighbours
+  `g_- \le y \le g_+` with `P(g_+) = (y - g_-)/(g_+ - g_-)`, so that
+  `E[\hat x_i] = x_i` (a codebook named ``<codec>@<space>`` takes that
+  fraction in its space, and is unbiased there). ``'block_pow2'`` takes
+  for `s_b` the smallest power of two `\ge \max_{j \in b} |x_j| / t`;
+  ``'rank1'`` gives each element the smallest of the scales of the slices
+  through it, one per axis; ``'none'`` takes `s_b = 1`. The ``_dre``
+  formats round `t\, \mathrm{sign}(x_i)\, (|x_i| / \max_{j \in b} |x_j|)^{k}`
+  instead, with a power of two `k \in \{1, 2, 4\}` per group.
 
   Args:
     x: The array to quantize (any float dtype; scalars and empty arrays are

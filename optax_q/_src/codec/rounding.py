@@ -268,7 +268,32 @@ def round_to_table(
   table's magnitudes, zero first: the even mantissa, as IEEE rounding.
   """
   if isinstance(table, tuple):
-    return _round_to_static_table(x, table, u, space, ties)
+    # A static table: the exact index function (`_static_index`); rounding
+    # stochastically, the bracketing entries are selected by the floor
+    # index (a chain of selections, or gathers for a bucketed table).
+    t = np.asarray(table, np.float32)
+    x = jnp.clip(x, t[0], t[-1])
+    if u is None:
+      mode = 'nearest_even' if ties == 'even' else 'nearest'
+      return _static_index(x, table, mode, space)
+    lo = _static_index(x, table, 'floor')
+    if not bucketed(table, 'floor'):
+      lo_v = jnp.full(x.shape, t[0], jnp.float32)
+      hi_v = jnp.full(x.shape, t[1], jnp.float32)
+      for i in range(1, t.size - 1):
+        hit = lo >= i
+        lo_v = jnp.where(hit, t[i], lo_v)
+        hi_v = jnp.where(hit, t[i + 1], hi_v)
+    else:
+      lo_v = lookup(t, lo)
+      gaps = _gaps(table) if space == 'linear' else None
+      if gaps is not None:
+        # The same fraction, each gathered value read once (see
+        # `_static_index`): the gap to the next entry from a table.
+        return lo + (u < (x - lo_v) / lookup(gaps, lo)).astype(jnp.int32)
+      hi_v = lookup(t, lo + 1)
+    return lo + (u < _fraction(x, lo_v, hi_v, space)).astype(jnp.int32)
+  # A traced table.
   n = table.shape[0]
   x = jnp.clip(x, table[0], table[-1])
   # Index of the last entry <= x (binary search over the sorted table).
@@ -511,31 +536,6 @@ def _static_index(x: jax.Array, table: tuple[float, ...], mode: str,
   # map NaN before searching.)
   above = jnp.where(negative == 1, diff <= 0, diff >= 0)
   return (low & jnp.int32(0xFF)) + jnp.where(above, low >> 8, jnp.int32(0))
-
-
-def _round_to_static_table(x, table, u, space, ties='down'):
-  t = np.asarray(table, np.float32)
-  x = jnp.clip(x, t[0], t[-1])
-  if u is None:
-    mode = 'nearest_even' if ties == 'even' else 'nearest'
-    return _static_index(x, table, mode, space)
-  lo = _static_index(x, table, 'floor')
-  if not bucketed(table, 'floor'):
-    lo_v = jnp.full(x.shape, t[0], jnp.float32)
-    hi_v = jnp.full(x.shape, t[1], jnp.float32)
-    for i in range(1, t.size - 1):
-      hit = lo >= i
-      lo_v = jnp.where(hit, t[i], lo_v)
-      hi_v = jnp.where(hit, t[i + 1], hi_v)
-  else:
-    lo_v = lookup(t, lo)
-    gaps = _gaps(table) if space == 'linear' else None
-    if gaps is not None:
-      # The same fraction, each gathered value read once (see
-      # `_static_index`): the gap to the next entry from a table.
-      return lo + (u < (x - lo_v) / lookup(gaps, lo)).astype(jnp.int32)
-    hi_v = lookup(t, lo + 1)
-  return lo + (u < _fraction(x, lo_v, hi_v, space)).astype(jnp.int32)
 
 
 @functools.cache
