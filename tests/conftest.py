@@ -19,14 +19,23 @@ pytest-xdist worker too), so the flag is set before anything imports jax,
 and the mesh tests run in the same processes as all the others: no test
 module sets the flag itself or runs itself again in a subprocess.
 
+The processes of one run share a compilation cache (JAX's persistent
+cache, in a temporary folder made for the run and removed after it): the
+tests compile the same steps, encoders and kernels again and again under
+new function objects, and a process finds what another compiled. It holds
+nothing between runs, so each run compiles from scratch once.
+
 ``slow_tests.txt`` lists the tests that run only with ``-m slow``, besides
 those marked in their files: the default suite (the README command) keeps
 one fast case of each family, and ``python -m pytest -m slow`` runs the
 rest, so that every assertion runs in one of the two.
 """
 
+import atexit
 import os
 import pathlib
+import shutil
+import tempfile
 
 import pytest
 
@@ -34,6 +43,16 @@ FLAG = '--xla_force_host_platform_device_count=8'
 if FLAG not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (
       os.environ.get('XLA_FLAGS', '') + ' ' + FLAG).strip()
+
+# Made by the first process of the run (pytest, or pytest-xdist's controller,
+# before it starts the workers, which inherit the environment), removed by
+# it at exit. A cache folder given by the caller is used as it is.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  _CACHE = tempfile.mkdtemp(prefix='optax_q-tests-jax-cache-')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _CACHE
+  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 SLOW_LIST = pathlib.Path(__file__).with_name('slow_tests.txt')
 

@@ -34,7 +34,8 @@ MODULES = sorted(
 
 class DocstringExamplesTest(parameterized.TestCase):
 
-  @parameterized.parameters(*MODULES)
+  @parameterized.named_parameters((name.replace('.', '_'), name)
+                                  for name in MODULES)
   def test_examples(self, name):
     module = importlib.import_module(name)
     result = doctest.testmod(

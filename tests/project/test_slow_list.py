@@ -45,7 +45,9 @@ class SlowListTest(absltest.TestCase):
       if not path.exists():
         missing.append(node_id)
         continue
-      methods = defined.setdefault(file, _defined(path))
+      if file not in defined:  # Each file parsed once.
+        defined[file] = _defined(path)
+      methods = defined[file]
       # Parametrized cases add a suffix to the method's name (an index or
       # the case's name).
       if not any(c == cls and re.fullmatch(re.escape(m) + r'(_?\w*)?', name)
