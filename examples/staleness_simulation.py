@@ -233,7 +233,7 @@ def _plots(out_dir, tracking, stationary, args):
   handles, names = axes[0].get_legend_handles_labels()
   axes[-1].legend(handles, names, loc='center', fontsize=9)
   fig.suptitle(f'Tracking a variance drop (x{args.drop_factor} at step '
-               f'{args.drop_step}), b2={b2}', fontsize=10)
+               f'{args.drop_step}), b2={args.b2}', fontsize=10)
   fig.tight_layout()
   fig.savefig(out_dir / 'staleness_sim_tracking.png', dpi=110)
   plt.close(fig)
@@ -270,7 +270,7 @@ def _plots(out_dir, tracking, stationary, args):
   ax2.axhline(0, color='k', lw=0.6)
   ax2.set_ylim(-4, 4)
   ax2.set_ylabel('measured - model (pp)')
-  ax2.set_title(f'Model check at b2={b2}', fontsize=9)
+  ax2.set_title(f'Model check at b2={args.b2}', fontsize=9)
   window = max(1, args.steps // 100)
   kernel = np.ones(window) / window
   for label, fmt_model in [(f[0], f[3]) for f in MODEL_FORMATS]:
