@@ -124,3 +124,24 @@ def restore(path, abstract):
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   with ocp.StandardCheckpointer() as ckptr:
     return ckptr.restore(path, abstract)
+
+
+def nnx_adaptive_adamw():
+  """An ``nnx.Linear(64, 128)``, an NNX optimizer of AdamW with adaptive
+  bits (a decision every step) and its jitted training step on ``x``."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  import optax_q  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
+  tx = optax.chain(
+      optax_q.adaptive_bits(optax.scale_by_adam(), period=1, patience=1,
+                            min_size=0, block_size=32, elementwise=True),
+      optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(1e-3))
+  opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, opt, x):
+    grads = nnx.grad(lambda m: (m(x) ** 2).mean())(model)
+    opt.update(model, grads)
+
+  return model, opt, step
+

@@ -582,17 +582,7 @@ class NnxTest(absltest.TestCase):
   def test_nnx_optimizer_relayout(self):
     from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
     from flax.nnx.training import optimizer as nnx_optimizer  # pylint: disable=g-import-not-at-top,import-outside-toplevel
-    model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
-    tx = optax.chain(
-        optax_q.adaptive_bits(optax.scale_by_adam(), period=1, patience=1,
-                              min_size=0, block_size=32, elementwise=True),
-        optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(1e-3))
-    opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-    @nnx.jit
-    def step(model, opt, x):
-      grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
-      opt.update(model, grads)
+    model, opt, step = helpers.nnx_adaptive_adamw()
 
     x = jnp.ones((4, 64))
     before = optax_q.bit_layout(opt.opt_state)

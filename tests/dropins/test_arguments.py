@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+import helpers
 import optax_q
 
 _X = jnp.linspace(-1.0, 1.0, 256).reshape(2, 128)
@@ -832,18 +833,7 @@ class LaterEarlyChecksTest(absltest.TestCase):
     optax_q.quantized_training({})  # The float32 baseline.
 
   def test_relayout_result_assigns_into_an_nnx_optimizer(self):
-    from flax import nnx  # pylint: disable=g-import-not-at-top,import-outside-toplevel
-    model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
-    tx = optax.chain(
-        optax_q.adaptive_bits(optax.scale_by_adam(), period=1, patience=1,
-                              min_size=0, block_size=32, elementwise=True),
-        optax.add_decayed_weights(1e-4), optax.scale_by_learning_rate(1e-3))
-    opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-    @nnx.jit
-    def step(model, opt, x):
-      grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
-      opt.update(model, grads)
+    model, opt, step = helpers.nnx_adaptive_adamw()
 
     x = jnp.ones((4, 64))
     step(model, opt, x)
