@@ -26,6 +26,7 @@ from optax_q._src.codec.formats import Format
 from optax_q._src.codec.formats import FORMAT_ALIASES
 from optax_q._src.codec.formats import FORMAT_NAMES
 from optax_q._src.codec.formats import get_format
+from optax_q._src.codec.formats import in_preconditioner_space
 from optax_q._src.codec.formats import unsigned_variant
 from optax_q._src.codec.qarray import dequantize
 from optax_q._src.codec.qarray import is_qarray
@@ -131,6 +132,7 @@ __all__ = (
     'fake_quantize_params',
     'format_epsilon',
     'get_format',
+    'in_preconditioner_space',
     'is_linear_kernel',
     'is_qarray',
     'lion',

@@ -88,7 +88,7 @@ def _adam_state(fp32: bool) -> dict[str, str]:
 
 def _codecs(name, mu, nu, **extra):
   """AdamW with the low-bit codecs (3- and 4-bit packed codes)."""
-  kw = dict(mu_format=mu, nu_format=nu, rounding='stochastic', **extra)
+  kw = dict(mu_format=mu, nu_format=nu, **{'rounding': 'stochastic', **extra})
   return Case(
       name, lambda fp32: optax_q.adamw(
           LR, **(_moments(fp32, 'mu_format', 'nu_format') if fp32 else kw),
@@ -97,7 +97,9 @@ def _codecs(name, mu, nu, **extra):
 
 
 CASES = (
-    _codecs('adamw_nf4_ue4m0_rsqrt', 'nf4', 'ue4m0@rsqrt'),
+    # ue4m0 rounded in Adam's preconditioner space (ue4m0@rsqrt+1e-08).
+    _codecs('adamw_nf4_ue4m0_preconditioner', 'nf4', 'ue4m0',
+            rounding='preconditioner'),
     _codecs('adamw_nf3_ue3m0', 'nf3', 'ue3m0'),
     _codecs('adamw_pow2_scales', 'nf4', 'ue4m0', scale_mode='block_pow2'),
     _codecs('adamw_dre_rank1', 'fp8_e4m3_dre', 'ue4m0',

@@ -105,6 +105,12 @@ class KernelMatchesLoopTest(parameterized.TestCase):
       ('int8_rows_lion', optax.scale_by_lion, 'int8', dict(scale_mode='row')),
       ('trace', functools.partial(optax.trace, 0.9), 'fp8_e5m2',
        dict(block_size=64)),
+      # Rounding in preconditioner space: the offset eps / sqrt(scale) of
+      # each block, from its power-of-two scale.
+      ('preconditioner_pow2', optax.scale_by_adam,
+       {'mu': 'nf4', 'nu': 'ue4m0'},
+       dict(rounding='preconditioner', preconditioner={'nu': 1e-8},
+            scale_mode='block_pow2')),
   )
   def test_layouts_and_inner_transforms(self, inner, fmt, kwargs):
     self._check_layout(inner, fmt, kwargs)

@@ -95,7 +95,12 @@ class Format:
       Nearest rounding takes the bracketing value nearer in that space; a
       stochastic one rounds up with probability equal to the fractional
       position in that space. ``'log'`` and ``'rsqrt'`` need a table of
-      positive values.
+      positive values, unless ``space_offset`` is set.
+    space_offset: The ``eps`` of Adam's preconditioner ``1/(sqrt(v) + eps)``
+      for ``space='rsqrt'`` (named ``<codec>@rsqrt+<eps>``, made by
+      [`in_preconditioner_space`][optax_q.in_preconditioner_space]):
+      stochastic rounding is then unbiased in ``-1/(sqrt(v) + eps)`` of the
+      stored value ``v`` (scales included), and a grid may hold zero.
     expand: Dynamic range expansion (COAT, Xi et al., 2024; formats
       ``fp8_e4m3_dre`` and ``fp8_e5m2_dre``): each scale group's
       magnitudes, divided by the group's absolute maximum, are raised to a
@@ -118,6 +123,7 @@ class Format:
   positive_floor: bool = False
   space: str = 'linear'
   expand: bool = False
+  space_offset: float = 0.0
 
   @property
   def min_positive(self) -> float | None:
@@ -415,8 +421,9 @@ def _expanded(fmt: Format) -> Format:
 
 
 @functools.cache
-def _in_space(fmt: Format, space: str) -> Format:
-  """``fmt`` rounding linearly in ``space`` (named ``<name>@<space>``)."""
+def _in_space(fmt: Format, space: str, offset: float = 0.0) -> Format:
+  """``fmt`` rounding linearly in ``space`` (named ``<name>@<space>``, or
+  ``<name>@rsqrt+<offset>``)."""
   if space == 'linear':
     return fmt
   if fmt.kind != 'codebook':
@@ -425,6 +432,10 @@ def _in_space(fmt: Format, space: str) -> Format:
         f'{fmt.name!r} is a {fmt.kind} grid; codebooks: fp4_e2m1, '
         'fp4_e2m2u, int8_dynamic, int4_unsigned, nf4, nf3, ue{E}m{M}, '
         'int{3,4}_{sqrt,mulaw,softsign}[_unsigned].')
+  if offset:
+    base = fmt.name.split('@')[0]
+    return dataclasses.replace(fmt, name=f'{base}@rsqrt+{offset:g}',
+                               space='rsqrt', space_offset=float(offset))
   if space in ('log', 'rsqrt') and min(fmt.table) <= 0:
     raise ValueError(
         f'Rounding space @{space} needs a grid of positive values, and '
@@ -577,11 +588,18 @@ def check_format(fmt: Any, name: str) -> Format:  # pylint: disable=too-many-bra
   key = fmt.strip().lower()
   if '@' in key:
     base, _, space = key.partition('@')
-    if space not in ROUNDING_SPACES:
+    space, plus, offset = space.partition('+')
+    if space not in ROUNDING_SPACES or (plus and space != 'rsqrt'):
       raise ValueError(
-          f'{name}={fmt!r}: unknown rounding space {space!r}; allowed: '
-          f'{ROUNDING_SPACES}.')
+          f'{name}={fmt!r}: unknown rounding space {space + plus!r}; '
+          f'allowed: {ROUNDING_SPACES}, or rsqrt+<eps>.')
     try:
+      if plus:
+        try:
+          eps = float(offset)
+        except ValueError:
+          raise ValueError(f'{offset!r} is not a number') from None
+        return in_preconditioner_space(check_format(base, name), eps)
       return _in_space(check_format(base, name), space)
     except ValueError as e:
       raise ValueError(f'{name}={fmt!r}: {e}') from None
@@ -679,7 +697,8 @@ def unsigned_variant(fmt: str | Format) -> Format:  # pylint: disable=too-many-r
   """
   fmt = check_format(fmt, 'fmt')
   if fmt.space != 'linear':
-    return _in_space(unsigned_variant(fmt.name.split('@')[0]), fmt.space)
+    return _in_space(unsigned_variant(fmt.name.split('@')[0]), fmt.space,
+                     fmt.space_offset)
   if fmt.kind == 'codebook' and fmt.name.startswith('int') and fmt.signed:
     m = _COMPANDED.match(fmt.name)
     if m:
@@ -697,3 +716,69 @@ def unsigned_variant(fmt: str | Format) -> Format:  # pylint: disable=too-many-r
   return dataclasses.replace(fmt, positive_floor=True)
 
 
+
+
+def in_preconditioner_space(fmt: Any, eps: float) -> Format:
+  r"""A second moment's format whose rounding is unbiased in the update.
+
+  Adam steps by :math:`m / (\sqrt{v} + \epsilon)`, a convex, decreasing
+  function of the stored second moment :math:`v`. Stochastic rounding that
+  is unbiased in :math:`v` (:math:`E[\hat v] = v`) is biased in that map
+  (Jensen): :math:`E[1/(\sqrt{\hat v} + \epsilon)] > 1/(\sqrt v +
+  \epsilon)`, so a coarse grid makes every later step larger on average.
+  This format rounds :math:`v` between its bracketing grid values
+  :math:`g_- \le v \le g_+` (scales included) up with probability
+
+  .. math::
+
+    p = \frac{f(v) - f(g_-)}{f(g_+) - f(g_-)}, \qquad
+    f(x) = -\frac{1}{\sqrt{x} + \epsilon},
+
+  so that :math:`E[f(\hat v)] = f(v)`: the preconditioner, and with it the
+  update, is unbiased instead ("rounding in preconditioner space"). The
+  map is Adam's with its bias correction left out: the exact offset is
+  :math:`\epsilon \sqrt{1 - \beta_2^t}`, which reaches ``eps`` within a
+  few thousand steps and only matters where :math:`\sqrt v` is within a
+  few ``eps`` of zero. Nearest rounding with this format takes the nearer
+  value in the same space.
+
+  Args:
+    fmt: A codebook format (see [`get_format`][optax_q.get_format]): the
+      grids ``ue{E}m{M}``, ``int8_dynamic``, ``int4_unsigned``,
+      ``fp4_e2m2u``, ``nf4``, ``nf3``, ``int{3,4}_{sqrt,mulaw,softsign}``
+      and their unsigned variants.
+    eps: Adam's ``eps``, a finite positive float (``0`` gives the space
+      ``-1/sqrt(v)``, ``<codec>@rsqrt``, which needs a grid without zero).
+
+  Returns:
+    The format, named ``<codec>@rsqrt+<eps>``.
+
+  Raises:
+    ValueError: for a grid that is not a codebook, or a bad ``eps``.
+
+  Examples:
+    >>> import optax_q
+    >>> optax_q.in_preconditioner_space('ue4m0', 1e-8).name
+    'ue4m0@rsqrt+1e-08'
+
+  References:
+    Li et al, Rounding in Preconditioner Space: Redesigning 4-bit AdamW
+    Optimizer-State Quantization, 2026
+
+    Croci et al, [Stochastic rounding: implementation, error analysis and
+    applications](https://doi.org/10.1098/rsos.211631), 2022
+  """
+  fmt = check_format(fmt, 'fmt')
+  if (isinstance(eps, bool) or not isinstance(eps, (int, float))
+      or not np.isfinite(eps) or eps < 0):
+    raise ValueError(
+        f'eps={validation.short(eps)}: the preconditioner\'s eps must be a '
+        'finite float >= 0.')
+  base = unsigned_variant(fmt.name.split('@')[0])
+  if base.kind != 'codebook':
+    raise ValueError(
+        f'Rounding in preconditioner space needs a codebook format, and '
+        f'{fmt.name!r} is a {base.kind} grid; codebooks: ue{{E}}m{{M}}, '
+        'int8_dynamic, int4_unsigned, fp4_e2m2u, nf4, nf3, '
+        'int{3,4}_{sqrt,mulaw,softsign}[_unsigned].')
+  return _in_space(base, 'rsqrt', float(eps))

@@ -438,6 +438,7 @@ def _reciprocal(scale: jax.Array) -> tuple[jax.Array, jax.Array]:
 def _encode_values(  # pylint: disable=too-many-return-statements
     y: jax.Array, fmt: Format, u: jax.Array | None,
     positive: jax.Array | None = None, clipped: bool = False,
+    inverse_scale: jax.Array | None = None,
 ) -> jax.Array:
   """Encodes scaled float32 values ``y`` into unpacked codes of ``fmt``.
 
@@ -446,7 +447,10 @@ def _encode_values(  # pylint: disable=too-many-return-statements
   even where scaling underflowed them. ``clipped`` says that no magnitude
   of ``y`` exceeds the format's largest (block-scaled values clipped to
   their target, infinities marked at the grid's ends): rounding to nearest
-  then needs no saturation.
+  then needs no saturation. ``inverse_scale`` (broadcasting against ``y``;
+  one where None) is what ``y`` was multiplied by: a format rounding in
+  preconditioner space (``fmt.space_offset``) needs it to put its ``eps``
+  in the scaled values' units, ``eps / sqrt(scale)``.
   """
   if fmt.positive_floor:
     # Positive values never round to zero (second moments); NaN stays NaN.
@@ -497,8 +501,14 @@ def _encode_values(  # pylint: disable=too-many-return-statements
     return c.astype(fmt.dtype)
   y = jnp.where(jnp.isnan(y), 0, y)
   ties = 'even' if fmt.ties_to_even else 'down'
-  return rounding_lib.round_to_table(y, fmt.table, u, fmt.space,
-                                     ties).astype(jnp.uint8)
+  offset = None
+  if fmt.space_offset:
+    # eps in the scaled values' units: eps / sqrt(scale).
+    offset = jnp.float32(fmt.space_offset)
+    if inverse_scale is not None:
+      offset = offset * jnp.sqrt(inverse_scale)
+  return rounding_lib.round_to_table(y, fmt.table, u, fmt.space, ties,
+                                     offset).astype(jnp.uint8)
 
 
 def _decode_values(codes: jax.Array, fmt: Format) -> jax.Array:
@@ -570,7 +580,8 @@ def encode(  # pylint: disable=too-many-branches
     y = _mark_infinities((xf * pre) * inv, xf, fmt)
     u = (None if key is None
          else rounding_lib.uniform(key, xf.shape, **sr_rows))
-    codes = _encode_values(y, fmt, u, positive=xf > 0)
+    codes = _encode_values(y, fmt, u, positive=xf > 0,
+                           inverse_scale=pre * inv)
     # The maxima are stored replicated, one axis after another, a slice
     # holding an infinity negated.
     signed = [jnp.where(f, -m, m) for m, f in maxima]
@@ -589,12 +600,17 @@ def encode(  # pylint: disable=too-many-branches
     u = (None if key is None
          else rounding_lib.uniform(key, xb.shape, **sr_rows))
     nan_code = None
+    inverse_scale = None
     if scale_mode == 'block_pow2' or fmt.expand:
       absmax, has_inf, has_nan = finite_maxima(xb, is_inf, axis=-1)
       target, inverse = block_targets(fmt, has_inf)
       if scale_mode == 'block_pow2':
         stored = pow2_scale(absmax, target, has_inf | has_nan)
         y = scale_by_exponent(xb, stored, inverse=True)
+        if fmt.space_offset:
+          inverse_scale = scale_by_exponent(
+              jnp.ones(stored.shape + (1,), jnp.float32), stored,
+              inverse=True)
       else:
         # fp8 codes: a NaN keeps its own NaN code.
         steps = range_exponent(xb, ~is_inf, absmax, fmt)
@@ -613,6 +629,8 @@ def encode(  # pylint: disable=too-many-branches
       target, stored, reciprocal = (
           per_block() if materialize is None else materialize(per_block))
       y = _times_reciprocal(xb, *reciprocal)
+      if fmt.space_offset:
+        inverse_scale = (reciprocal[0] * reciprocal[1])[..., None]
       nan_code = grid_extremes(fmt)[1]
     # A block's finite values stay inside its target (a saturated scale may
     # leave them above it), so that only infinities (and NaNs) take the end
@@ -621,7 +639,8 @@ def encode(  # pylint: disable=too-many-branches
     y = _mark_infinities(jnp.clip(y, -limit, limit), xb, fmt)
     if nan_code is not None:
       y = jnp.where(jnp.isnan(xb), np.float32(nan_code), y)
-    codes = _encode_values(y, fmt, u, positive=xb > 0, clipped=fmt.signed)
+    codes = _encode_values(y, fmt, u, positive=xb > 0, clipped=fmt.signed,
+                           inverse_scale=inverse_scale)
     codes, scale = _unblocked(codes, xf), stored
   if fmt.packed:
     codes = packing.pack(codes, fmt.bits)
@@ -951,8 +970,10 @@ def zero_code(fmt: Format) -> np.ndarray:
   if fmt.kind == 'int':
     return np.asarray(fmt.max_value + 1 if fmt.packed else 0, fmt.dtype)
   ties = 'even' if fmt.ties_to_even else 'down'
+  # Zero is an entry of a grid in preconditioner space, or below the first.
+  space = 'linear' if fmt.space_offset else fmt.space
   return np.asarray(
-      rounding_lib.table_index(0.0, fmt.table, fmt.space, ties), np.uint8)
+      rounding_lib.table_index(0.0, fmt.table, space, ties), np.uint8)
 
 
 @functools.cache

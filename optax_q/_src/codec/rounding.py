@@ -219,11 +219,13 @@ def lookup(table, index: jax.Array) -> jax.Array:
   return table.at[index].get(out_sharding=jax.typeof(index).sharding)
 
 
-def in_space(x, space: str, xp=jnp):
+def in_space(x, space: str, xp=jnp, offset=None):
   """``x`` mapped into a rounding space (float32; ``xp`` is np or jnp).
 
   ``'linear'``: ``x``; ``'sqrt'``: ``sign(x) sqrt|x|``; ``'log'``:
-  ``log x``; ``'rsqrt'``: ``-1/sqrt(x)`` (increasing, as every map here).
+  ``log x``; ``'rsqrt'``: ``-1/sqrt(x)``, or ``-1/(sqrt(x) + offset)``
+  with an ``offset`` (Adam's preconditioner with its ``eps``, in the
+  scaled values' units). Every map here is increasing.
   """
   if space == 'linear':
     return x
@@ -232,20 +234,21 @@ def in_space(x, space: str, xp=jnp):
   if space == 'log':
     return xp.log(x)
   if space == 'rsqrt':
-    return xp.float32(-1.0) / xp.sqrt(x)
+    root = xp.sqrt(x) if offset is None else xp.sqrt(x) + offset
+    return xp.float32(-1.0) / root
   raise ValueError(f'Unknown rounding space {space!r}.')
 
 
-def _fraction(x, lo_v, hi_v, space: str, xp=jnp):
+def _fraction(x, lo_v, hi_v, space: str, xp=jnp, offset=None):
   """Position of ``x`` between ``lo_v`` and ``hi_v``, in ``space``."""
-  x, lo_v, hi_v = (in_space(v, space, xp) for v in (x, lo_v, hi_v))
+  x, lo_v, hi_v = (in_space(v, space, xp, offset) for v in (x, lo_v, hi_v))
   gap = hi_v - lo_v
   return xp.where(gap > 0, (x - lo_v) / xp.where(gap > 0, gap, 1), 0)
 
 
 def round_to_table(
     x: jax.Array, table, u: jax.Array | None, space: str = 'linear',
-    ties: str = 'down',
+    ties: str = 'down', offset: jax.Array | None = None,
 ) -> jax.Array:
   """Indices (int32) of ``x`` on a sorted ``table``, nearest or stochastic.
 
@@ -266,7 +269,27 @@ def round_to_table(
   ``ties='even'`` (static tables of float grids, such as ``fp4_e2m1``)
   towards the entry whose magnitude is at an even position among the
   table's magnitudes, zero first: the even mantissa, as IEEE rounding.
+
+  ``offset`` (an array broadcasting against ``x``, with ``space='rsqrt'``)
+  is the ``c`` of the space ``-1/(sqrt(x) + c)``: it differs from block to
+  block, so the fraction is computed from the bracketing entries rather
+  than from thresholds found once.
   """
+  if offset is not None:
+    # Preconditioner space with a per-block offset: the bracketing entries
+    # (the floor index is the same in every increasing space), then the
+    # fraction there.
+    t = np.asarray(table, np.float32) if isinstance(table, tuple) else table
+    x = jnp.clip(x, t[0], t[-1])
+    if isinstance(table, tuple):
+      lo = _static_index(x, table, 'floor')
+    else:
+      lo = jnp.clip(jnp.searchsorted(t, x, side='right', method='scan') - 1,
+                    0, t.shape[0] - 2).astype(jnp.int32)
+    frac = _fraction(x, lookup(t, lo), lookup(t, lo + 1), space,
+                     offset=offset)
+    up = frac > 0.5 if u is None else u < frac
+    return lo + up.astype(jnp.int32)
   if isinstance(table, tuple):
     # A static table: the exact index function (`_static_index`); rounding
     # stochastically, the bracketing entries are selected by the floor

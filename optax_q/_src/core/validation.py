@@ -36,6 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 ROUNDING_MODES = ('nearest', 'stochastic')
+# A stored optimizer state may also round in its preconditioner's space.
+STATE_ROUNDING_MODES = ROUNDING_MODES + ('preconditioner',)
 SCALE_MODES = ('none', 'tensor', 'row', 'block', 'block_pow2', 'rank1')
 # Stochastic-rounding seeds, steps and streams are hashed as uint32.
 UINT32_MAX = 2**32 - 1
@@ -93,9 +95,10 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
   return value
 
 
-def check_rounding(rounding: Any, name: str = 'rounding') -> str:
-  """``'nearest'`` or ``'stochastic'``."""
-  return check_choice(rounding, name, ROUNDING_MODES)
+def check_rounding(rounding: Any, name: str = 'rounding', *,
+                   modes: tuple[str, ...] = ROUNDING_MODES) -> str:
+  """``'nearest'`` or ``'stochastic'`` (or one of ``modes``)."""
+  return check_choice(rounding, name, modes)
 
 
 def check_scale(scale: Any, name: str = 'scale_mode') -> str:

@@ -164,7 +164,8 @@ def _adam_moments(learning_rate, b1, b2, eps, eps_root, *, mu_format,
   if reset_every is None:
     return _wrap(
         optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=eps_root,
-                            nesterov=nesterov), formats, **storage)
+                            nesterov=nesterov), formats,
+        preconditioner={'nu': eps}, **storage)
   return adam_with_resets(
       reset_every=reset_every, b1=b1, b2=b2, eps=eps, eps_root=eps_root,
       nesterov=nesterov, formats=formats, **storage)
@@ -218,7 +219,12 @@ def adam_with_resets(
     nesterov: Nesterov momentum.
     formats: ``{'mu': format, 'nu': format}`` as for
       [`quantize_state`][optax_q.quantize_state].
-    rounding: ``'nearest'`` or ``'stochastic'``.
+    rounding: ``'nearest'``, ``'stochastic'``, or ``'preconditioner'``
+      (the second moment rounded stochastically so that Adam's
+      ``1/(sqrt(v) + eps)``, not ``v``, is unbiased: see
+      [`in_preconditioner_space`][optax_q.in_preconditioner_space]; its
+      format must be a codebook, such as ``ue4m0``, ``int3_mulaw`` or
+      ``int8_dynamic``), or a dict per moment.
     block_size: Elements per scale along the last axis (None: 128).
     seed: Seed of the stochastic rounding (None: 0).
     min_size: Leaves with fewer elements keep float32 state (they are still
@@ -262,8 +268,11 @@ def adam_with_resets(
   if nu_format is not None:
     nu_format = formats_lib.get_format(nu_format)
   periods = resets.resolve_reset_every(
-      reset_every, nu_format, b2, transform.leaf_rounding(rounding, 'nu'),
-      eps, b1=b1)
+      reset_every, nu_format, b2,
+      # The stall model knows two roundings; preconditioner space is a
+      # stochastic one.
+      'nearest' if transform.leaf_rounding(rounding, 'nu') == 'nearest'
+      else 'stochastic', eps, b1=b1)
   groups = ((resets.ADAM_MOMENTS,) if 'mu' in periods
             and periods.get('mu') == periods.get('nu') else ())
   if decay is None:
@@ -273,7 +282,7 @@ def adam_with_resets(
                               nesterov=nesterov),
       formats, rounding=rounding, block_size=block_size, seed=seed,
       min_size=min_size, scale_mode=scale_mode, elementwise=True,
-      track_stalls=track_stalls, kernel=kernel)
+      track_stalls=track_stalls, kernel=kernel, preconditioner={'nu': eps})
   return resets.reset_state(inner, periods, decay=decay, s0=s0, groups=groups)
 
 
@@ -333,7 +342,12 @@ def adamw(
     nu_format: Format of the second moment; signed codebooks become their
       unsigned variant, and unsigned formats such as ``'fp4_e2m2u'`` are
       allowed here (the first-moment grids ``'nf4'`` and ``'nf3'`` are not).
-    rounding: ``'nearest'`` or ``'stochastic'``.
+    rounding: ``'nearest'``, ``'stochastic'``, or ``'preconditioner'``
+      (the second moment rounded stochastically so that Adam's
+      ``1/(sqrt(v) + eps)``, not ``v``, is unbiased: see
+      [`in_preconditioner_space`][optax_q.in_preconditioner_space]; its
+      format must be a codebook, such as ``ue4m0``, ``int3_mulaw`` or
+      ``int8_dynamic``), or a dict per moment.
     block_size: Elements per scale along the last axis, an even int in
       ``[2, 2**20]``; None: 128.
     seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``;
@@ -471,7 +485,12 @@ def adam(
       [`get_format`][optax_q.get_format]).
     nu_format: Format of the second moment (unsigned variants allowed;
       not the first-moment grids ``'nf4'`` and ``'nf3'``).
-    rounding: ``'nearest'`` or ``'stochastic'``.
+    rounding: ``'nearest'``, ``'stochastic'``, or ``'preconditioner'``
+      (the second moment rounded stochastically so that Adam's
+      ``1/(sqrt(v) + eps)``, not ``v``, is unbiased: see
+      [`in_preconditioner_space`][optax_q.in_preconditioner_space]; its
+      format must be a codebook, such as ``ue4m0``, ``int3_mulaw`` or
+      ``int8_dynamic``), or a dict per moment.
     block_size: Elements per scale along the last axis; None: 128.
     seed: Seed of the stochastic rounding; None: 0.
     min_size: Leaves with fewer elements keep float32 state; None: 4096.

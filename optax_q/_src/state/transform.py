@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import functools
+import math
 from typing import Any, NamedTuple, Union
 
 import jax
@@ -132,12 +133,13 @@ def check_storage_args(*, rounding: Any, block_size: Any, seed: Any,
   ``jax.Array``, as ``optax.inject_hyperparams`` injects it); a ValueError
   names the bad argument and the allowed values.
   """
+  modes = validation.STATE_ROUNDING_MODES
   if isinstance(rounding, Mapping):
     rounding = validation.check_field_map(
         rounding, 'rounding', lambda key, mode: validation.check_rounding(
-            mode, f'rounding[{key!r}]'), 'a dict')
+            mode, f'rounding[{key!r}]', modes=modes), 'a dict')
   else:
-    rounding = validation.check_rounding(rounding)
+    rounding = validation.check_rounding(rounding, modes=modes)
   hint = validation.STATIC_HINT
   return (
       rounding,
@@ -147,6 +149,40 @@ def check_storage_args(*, rounding: Any, block_size: Any, seed: Any,
                             traced=True),
       validation.check_int(DEFAULT_MIN_SIZE if min_size is None else min_size,
                            'min_size', hint=hint))
+
+
+def _check_preconditioner(preconditioner: Any, rounding: Any
+                          ) -> dict[str, float]:
+  """``{field: eps}``, checked against the fields ``rounding`` sends to
+  preconditioner space."""
+  if preconditioner is None:
+    preconditioner = {}
+  if not isinstance(preconditioner, Mapping):
+    raise ValueError(
+        f'preconditioner={validation.short(preconditioner)}: a dict '
+        "{field: eps} such as {'nu': 1e-8}, or None.")
+  checked = {}
+  for field, eps in preconditioner.items():
+    if (not isinstance(field, str) or isinstance(eps, bool)
+        or not isinstance(eps, (int, float)) or not math.isfinite(eps)
+        or eps < 0):
+      raise ValueError(
+          f'preconditioner[{validation.short(field)}]='
+          f'{validation.short(eps)}: keys are state field names, values '
+          "Adam's eps (finite floats >= 0).")
+    checked[field] = float(eps)
+  wanted = ([f for f, r in rounding.items() if r == 'preconditioner']
+            if isinstance(rounding, Mapping) else
+            [None] if rounding == 'preconditioner' else [])
+  missing = [f for f in wanted if f is not None and f not in checked]
+  if missing or (None in wanted and not checked):
+    raise ValueError(
+        f"rounding='preconditioner' for {missing or 'every field'} needs the "
+        'map the inner transform applies to that field: pass '
+        "preconditioner={'nu': eps} (Adam's 1/(sqrt(v) + eps)). adamw and "
+        'adam declare theirs; lion, sgd and muon have none (their state '
+        "enters the update linearly: use 'stochastic').")
+  return checked
 
 
 def leaf_rounding(rounding: str | Mapping[str, str],
@@ -171,7 +207,8 @@ class StorageConfig:
 
   Attributes:
     formats: One format, ``{field: format}``, or ``(path, leaf) -> format``.
-    rounding: ``'nearest'``, ``'stochastic'`` or ``{field: rounding}``.
+    rounding: ``'nearest'``, ``'stochastic'``, ``'preconditioner'`` or
+      ``{field: rounding}``.
     seed: Seed of the stochastic rounding.
     min_size: Leaves with fewer elements stay unquantized.
     block_size: Elements per scale along the last axis.
@@ -184,6 +221,10 @@ class StorageConfig:
     kernel: How tiled leaves are updated: ``'auto'``, ``'xla'`` or
       ``'pallas'`` (see [`quantize_state`][optax_q.quantize_state]).
     nonnegative_fields: Fields holding non-negative statistics.
+    preconditioner: ``{field: eps}``: the fields the inner transform uses
+      through Adam's map ``1/(sqrt(v) + eps)``, with their ``eps``, for
+      ``rounding='preconditioner'`` (see
+      [`in_preconditioner_space`][optax_q.in_preconditioner_space]).
 
   Examples:
     >>> import optax_q
@@ -202,6 +243,7 @@ class StorageConfig:
   tile_size: int | None = DEFAULT_TILE_SIZE
   nonnegative_fields: frozenset[str] = NONNEGATIVE_FIELDS
   kernel: str = 'auto'
+  preconditioner: Mapping[str, float] | None = None
 
   def __post_init__(self):
     nonnegative = frozenset(validation.check_names(
@@ -224,6 +266,24 @@ class StorageConfig:
         tile_size=tile_size,
         kernel=validation.check_choice(self.kernel, 'kernel',
                                        kernels.KERNELS))
+    checked['preconditioner'] = _check_preconditioner(
+        self.preconditioner, rounding)
+    formats = checked['formats']
+    for field, eps in checked['preconditioner'].items():
+      # A format known now must round in preconditioner space (those a
+      # callable gives are checked leaf by leaf at ``init``).
+      fmt = (formats.get(field) if isinstance(formats, Mapping) else
+             formats if isinstance(formats, Format) else None)
+      if fmt is not None and (
+          leaf_rounding(rounding, field) == 'preconditioner'):
+        name = 'formats' if isinstance(formats, Format) else (
+            f'formats[{field!r}]')
+        try:
+          formats_lib.in_preconditioner_space(fmt, eps)
+        except ValueError as e:
+          raise ValueError(
+              f"{name}={fmt.name!r} with rounding='preconditioner': {e}"
+          ) from None
     if checked['kernel'] == 'pallas' and checked['track_stalls']:
       raise ValueError(
           "kernel='pallas' does not count stalled codes: pass "
@@ -259,6 +319,8 @@ class StorageConfig:
              if isinstance(value, Mapping)]
     if self.nonnegative_fields != NONNEGATIVE_FIELDS:
       named.append(('nonnegative_fields', self.nonnegative_fields))
+    if self.preconditioner:
+      named.append(('preconditioner', self.preconditioner))
     if not named:
       return
     names = state_tree.probe_field_names(inner)
@@ -267,7 +329,10 @@ class StorageConfig:
       validation.check_known(arg, value, known, 'float')
 
   def rounding_for(self, field: str | None) -> str:
-    return leaf_rounding(self.rounding, field)
+    rounding = leaf_rounding(self.rounding, field)
+    if rounding == 'preconditioner' and field not in self.preconditioner:
+      return 'stochastic'  # A field used linearly (Adam's first moment).
+    return rounding
 
   def codec_for(self, path, leaf, fmt: Format, root=None) -> codec_lib.Codec:
     """The codec of one state leaf stored in ``fmt``.
@@ -282,7 +347,7 @@ class StorageConfig:
 
   def key_for(self, count: jax.Array, index: int, field: str | None):
     """The stochastic-rounding key of the leaf at flat ``index``, or None."""
-    if self.rounding_for(field) != 'stochastic':
+    if self.rounding_for(field) == 'nearest':
       return None
     return rounding_lib.stream_key(self.seed, count, index)
 
@@ -300,6 +365,14 @@ class StorageConfig:
       fmt = None if fmt is None else formats_lib.get_format(fmt)
     if fmt is None:
       return None
+    if self.rounding_for(name) == 'preconditioner':
+      try:
+        return formats_lib.in_preconditioner_space(
+            fmt, self.preconditioner[name])
+      except ValueError as e:
+        raise ValueError(
+            f"rounding='preconditioner' for state field {name!r}: {e}"
+        ) from None
     if name in self.nonnegative_fields:
       return formats_lib.unsigned_variant(fmt)
     if not fmt.signed:
@@ -500,6 +573,7 @@ def quantize_state(
     nonnegative_fields: Sequence[str] = NONNEGATIVE_FIELDS,
     scale: str | None = None,
     kernel: str = 'auto',
+    preconditioner: Mapping[str, float] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Keeps the state of ``inner`` in low-precision formats.
 
@@ -547,6 +621,12 @@ def quantize_state(
       (unbiased, from a counter-based hash of seed, step, leaf and element),
       or a dict ``{field: rounding}`` such as ``{'mu': 'nearest', 'nu':
       'stochastic'}`` (unlisted fields round stochastically).
+      ``'preconditioner'`` rounds the fields declared in ``preconditioner``
+      stochastically in the space of the map the inner transform applies to
+      them (unbiased in Adam's ``1/(sqrt(v) + eps)``, not in ``v``: see
+      [`in_preconditioner_space`][optax_q.in_preconditioner_space]; their
+      formats must be codebooks), and every other field as
+      ``'stochastic'``.
     seed: Seed of the stochastic rounding, an int in ``[0, 2**32 - 1]``
       (or a scalar integer array); None: 0.
     min_size: Leaves with fewer elements stay unquantized; None: 4096 (as
@@ -585,6 +665,10 @@ def quantize_state(
       (a sequence of names; ``NONNEGATIVE_FIELDS`` by default): declare a
       new optimizer's, such as preconditioner statistics, here.
     scale: Deprecated name of ``scale_mode``.
+    preconditioner: ``{field: eps}``, the fields ``inner`` uses through
+      Adam's map ``1/(sqrt(v) + eps)`` and their ``eps`` (e.g. ``{'nu':
+      1e-8}`` for ``optax.scale_by_adam()``), for
+      ``rounding='preconditioner'``; the drop-ins declare theirs.
     kernel: With ``elementwise``, how a tiled parameter's new state is
       made: ``'xla'``, a loop over its tiles that the compiler fuses;
       ``'pallas'``, one Pallas kernel per parameter that decodes, updates,
@@ -631,7 +715,8 @@ def quantize_state(
       formats=formats, rounding=rounding, seed=seed, min_size=min_size,
       block_size=block_size, scale_mode=scale_mode, track_stalls=track_stalls,
       elementwise=elementwise, tile_size=tile_size,
-      nonnegative_fields=nonnegative_fields, kernel=kernel)
+      nonnegative_fields=nonnegative_fields, kernel=kernel,
+      preconditioner=preconditioner)
   config.check_fields(inner)
   return optax.GradientTransformationExtraArgs(
       functools.partial(_init, config, inner),
