@@ -40,6 +40,12 @@ from optax_q._src.dropins.alias import sgd
 from optax_q._src.dropins.muon import muon
 from optax_q._src.dropins.second_order import shampoo
 from optax_q._src.dropins.second_order import soap
+from optax_q._src.fidelity.fidelity import fidelity_summary
+from optax_q._src.fidelity.fidelity import FidelityState
+from optax_q._src.fidelity.fidelity import track_fidelity
+from optax_q._src.fidelity.fidelity import update_fidelity
+from optax_q._src.fidelity.fidelity import UpdateFidelity
+from optax_q._src.fidelity.fidelity import weight_distance
 from optax_q._src.master_free.components import quantized_training
 from optax_q._src.master_free.components import QuantizedTraining
 from optax_q._src.master_free.eco import eco
@@ -103,6 +109,7 @@ __all__ = (
     'EcoState',
     'FORMAT_ALIASES',
     'FORMAT_NAMES',
+    'FidelityState',
     'Format',
     'NONNEGATIVE_FIELDS',
     'QArray',
@@ -114,6 +121,7 @@ __all__ = (
     'ScaleByShampooState',
     'ScaleBySoapState',
     'StorageConfig',
+    'UpdateFidelity',
     'ZONES',
     'adam',
     'adam_with_resets',
@@ -130,6 +138,7 @@ __all__ = (
     'effective_precision_ratio',
     'effective_sample_size',
     'fake_quantize_params',
+    'fidelity_summary',
     'format_epsilon',
     'get_format',
     'in_preconditioner_space',
@@ -160,7 +169,10 @@ __all__ = (
     'state_nbytes',
     'state_shardings',
     'statistical_error',
+    'track_fidelity',
     'transient_stall_probability',
     'unsigned_variant',
+    'update_fidelity',
     'upgrade_checkpoint',
+    'weight_distance',
 )

@@ -20,6 +20,8 @@ drop-ins                  `dropins` (adamw, adam, lion, sgd, muon, shampoo,
                           soap)
 features                  `resets`, `adaptive`, `master_free`,
                           `second_order` (none imports another)
+features                  `fidelity` (a float32 twin beside any
+                          transform, compared; imports `core` only)
 state                     `state` (quantize_state, the leafwise pass,
                           sharding, telemetry)
 execution                 `execution` (CPU fusion device, Pallas kernels)
@@ -42,6 +44,7 @@ LAYERS = {
     'adaptive': ('core', 'codec', 'execution', 'state'),
     'master_free': ('core', 'codec', 'execution', 'state'),
     'second_order': ('core', 'codec', 'execution', 'state'),
+    'fidelity': ('core',),
     'dropins': ('core', 'codec', 'execution', 'state', 'resets',
                 'adaptive', 'master_free', 'second_order'),
     'quant': ('core', 'codec'),

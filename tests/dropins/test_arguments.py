@@ -571,6 +571,16 @@ LATER_BUILDERS: dict[str, Callable[..., Any]] = {
     'quantized_training.optimizer': lambda **kw: (
         optax_q.quantized_training({'v': 'e4m3'}).optimizer(
             **{'tx': optax.adam(1e-3), **kw})),
+    # Fidelity.
+    'track_fidelity': lambda **kw: optax_q.track_fidelity(
+        **{'tx': optax.sgd(0.1), 'reference': optax.sgd(0.1), 'steps': 4,
+           **kw}),
+    'update_fidelity': lambda **kw: optax_q.update_fidelity(
+        **{'updates': _P2, 'reference_updates': _P2, **kw}),
+    'weight_distance': lambda **kw: optax_q.weight_distance(
+        **{'params': _P2, 'reference_params': _P2, 'initial_params': _P2,
+           **kw}),
+    'fidelity_summary': lambda **kw: optax_q.fidelity_summary(**kw),
     # optax_q.quant.
     'rtn': lambda **kw: optax_q.quant.rtn(**kw),
     'quest': lambda **kw: optax_q.quant.quest(**kw),
@@ -707,6 +717,17 @@ LATER_CASES: list[Case] = (
     + _later(('quantized_training.optimizer',), ['tx'],
              {'None': None, 'sgd_without_nu': optax.sgd(1e-3, momentum=0.9),
               'lion_without_nu': optax.lion(1e-3)})
+    # Fidelity.
+    + _later(('track_fidelity',), ['steps'],
+             {'zero': 0, 'negative': -1, 'bool': True, 'float': 4.0,
+              'str': '4', 'None': None, 'huge': 2**31})
+    + _later(('track_fidelity',), ['tx', 'reference'],
+             {'None': None, 'int': 3, 'factory': optax.adamw})
+    + _later(('update_fidelity',), ['reference_updates'],
+             {'other_tree': {'w': jnp.zeros(3)}, 'None': None})
+    + _later(('weight_distance',), ['reference_params', 'initial_params'],
+             {'other_tree': {'w': jnp.zeros(3)}, 'None': None})
+    + _later(('fidelity_summary',), ['state'], _NOT_A_STATE)
     # optax_q.quant.
     + _later(('rtn', 'quest', 'gaussian_clip'), ['bits'],
              {'one': 1, 'above': 17, 'str': '4', 'float': 4.5, 'None': None})
