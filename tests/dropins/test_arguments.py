@@ -67,6 +67,8 @@ BUILDERS: dict[str, Callable[..., Any]] = {
         **{'q': optax_q.quantize(_X, 'int8'), **kw}),
     'get_format': lambda **kw: optax_q.get_format(**kw),
     'unsigned_variant': lambda **kw: optax_q.unsigned_variant(**kw),
+    'in_preconditioner_space': lambda **kw: optax_q.in_preconditioner_space(
+        **{'fmt': 'ue4m0', 'eps': 1e-8, **kw}),
     'state_bits_per_element': lambda **kw: optax_q.state_bits_per_element(
         **{'state': {}, **kw}),
     # Checked by their own modules; only the rows that pass are listed.
@@ -228,6 +230,15 @@ CASES: list[Case] = (
             {'int': 'int8', 'unknown': 'nope', 'number': 3})
     + _rows(('get_format', 'unsigned_variant'), ['fmt'],
             {**FORMAT, 'None': None})
+    + _rows(('in_preconditioner_space',), ['fmt'],
+            {**FORMAT, 'None': None, 'float_grid': 'fp8_e4m3'})
+    + _rows(('in_preconditioner_space',), ['eps'], NONNEGATIVE)
+    + _rows(('quantize_state',), ['preconditioner'],
+            {'list': [1e-8], 'negative': {'nu': -1.0}, 'key': {3: 1e-8},
+             'nan': {'nu': float('nan')}, 'unknown_field': {'nuu': 1e-8}})
+    + _rows(('quantize_state',), ['rounding'],
+            {'undeclared': 'preconditioner',
+             'undeclared_field': {'nu': 'preconditioner'}})
     + _rows(('state_bits_per_element',), ['quantized_only'], BOOL)
     # Checked by their own modules: the rows that already pass (their
     # integer arguments also take integral floats).

@@ -769,16 +769,14 @@ def in_preconditioner_space(fmt: Any, eps: float) -> Format:
     applications](https://doi.org/10.1098/rsos.211631), 2022
   """
   fmt = check_format(fmt, 'fmt')
-  if (isinstance(eps, bool) or not isinstance(eps, (int, float))
-      or not np.isfinite(eps) or eps < 0):
-    raise ValueError(
-        f'eps={validation.short(eps)}: the preconditioner\'s eps must be a '
-        'finite float >= 0.')
+  eps = validation.check_number(
+      eps, 'eps', concrete=True,
+      hint=' It sets the stored format: make it static.')
   base = unsigned_variant(fmt.name.split('@')[0])
   if base.kind != 'codebook':
     raise ValueError(
-        f'Rounding in preconditioner space needs a codebook format, and '
-        f'{fmt.name!r} is a {base.kind} grid; codebooks: ue{{E}}m{{M}}, '
+        f'fmt={fmt.name!r}: rounding in preconditioner space needs a codebook '
+        f'format, and this is a {base.kind} grid; codebooks: ue{{E}}m{{M}}, '
         'int8_dynamic, int4_unsigned, fp4_e2m2u, nf4, nf3, '
         'int{3,4}_{sqrt,mulaw,softsign}[_unsigned].')
-  return _in_space(base, 'rsqrt', float(eps))
+  return _in_space(base, 'rsqrt', eps)

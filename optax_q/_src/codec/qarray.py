@@ -501,12 +501,9 @@ def _encode_values(  # pylint: disable=too-many-return-statements
     return c.astype(fmt.dtype)
   y = jnp.where(jnp.isnan(y), 0, y)
   ties = 'even' if fmt.ties_to_even else 'down'
-  offset = None
-  if fmt.space_offset:
-    # eps in the scaled values' units: eps / sqrt(scale).
-    offset = jnp.float32(fmt.space_offset)
-    if inverse_scale is not None:
-      offset = offset * jnp.sqrt(inverse_scale)
+  # Preconditioner space: eps in the scaled values' units, eps / sqrt(scale).
+  offset = None if not fmt.space_offset else jnp.float32(fmt.space_offset) * (
+      1.0 if inverse_scale is None else jnp.sqrt(inverse_scale))
   return rounding_lib.round_to_table(y, fmt.table, u, fmt.space, ties,
                                      offset).astype(jnp.uint8)
 

@@ -161,19 +161,19 @@ def _check_preconditioner(preconditioner: Any, rounding: Any
     raise ValueError(
         f'preconditioner={validation.short(preconditioner)}: a dict '
         "{field: eps} such as {'nu': 1e-8}, or None.")
-  checked = {}
-  for field, eps in preconditioner.items():
-    if (not isinstance(field, str) or isinstance(eps, bool)
-        or not isinstance(eps, (int, float)) or not math.isfinite(eps)
-        or eps < 0):
-      raise ValueError(
-          f'preconditioner[{validation.short(field)}]='
-          f'{validation.short(eps)}: keys are state field names, values '
-          "Adam's eps (finite floats >= 0).")
-    checked[field] = float(eps)
   wanted = ([f for f, r in rounding.items() if r == 'preconditioner']
             if isinstance(rounding, Mapping) else
             [None] if rounding == 'preconditioner' else [])
+  validation.check_field_keys(preconditioner, 'preconditioner')
+  checked = {}
+  for field, eps in preconditioner.items():
+    if isinstance(eps, jax.core.Tracer) and not (
+        field in wanted or None in wanted):
+      continue  # Declared and unused: a traced eps may stay traced.
+    checked[field] = validation.check_number(
+        eps, f'preconditioner[{field!r}]', concrete=True,
+        hint=" rounding='preconditioner' stores it in the format: under "
+        "optax.inject_hyperparams, list 'eps' in static_args.")
   missing = [f for f in wanted if f is not None and f not in checked]
   if missing or (None in wanted and not checked):
     raise ValueError(
