@@ -30,9 +30,11 @@ Two measurements, one results file (``lowbit.{json,md,png}``):
    float32. Every configuration over the same seeds; the final training
    loss over fp32's (``optax.adamw``), seed by seed.
 
-The best configurations at most 4.25 and 3.3 bits per state element are
-written into the results as ``recommended_4bit`` and ``recommended_3bit``:
-the keyword arguments of ``optax_q.adamw``.
+Beside the loss, each low-bit run reports its fidelity to a float32 AdamW
+twin fed the same gradients (``optax_q.track_fidelity``): the median
+update-norm ratio and update cosine, and the final weight distance. A lower
+loss than float32's is not fidelity; the recommended states are chosen on
+fidelity and learning-rate windows by ``examples/study_fidelity.py``.
 
   python examples/study_lowbit.py                      # runs/study_lowbit/
   python examples/study_lowbit.py --out docs/results   # the published page
@@ -108,8 +110,6 @@ CONFIGS = (
     ('nf3 + int3_mulaw, rank-1 nu', 'nf3', 'int3_mulaw', None, RANK1_NU),
 )
 # Bits per quantized moment element, scales included: (above, at most).
-BUDGETS = {'recommended_4bit': (3.3, 4.25), 'recommended_3bit': (0.0, 3.3)}
-TARGET = 1.1  # Final loss at most this times float32's, in every seed.
 
 
 # ----------------------------------------------------------------------------
@@ -223,8 +223,12 @@ def resolve_resets(nu, resets):
 
 
 def train_teacher_student(mu, nu, resets, seed, steps, scale_mode=None):
+  """One run; a low-bit one beside its float32 twin (`track_fidelity`)."""
   params, loss = teacher_student_problem(seed)
   tx = make_optimizer(mu, nu, resets, seed=seed, scale_mode=scale_mode)
+  if mu is not None:
+    tx = optax_q.track_fidelity(tx, make_optimizer(None, None, None, seed=0),
+                                steps=steps)
   state = tx.init(params)
 
   @jax.jit
@@ -236,7 +240,13 @@ def train_teacher_student(mu, nu, resets, seed, steps, scale_mode=None):
   for _ in range(steps):
     params, state, _ = step(params, state)
   moments = sum(x.size for x in jax.tree.leaves(params))
-  return dict(final_loss=float(loss(params)),
+  fidelity = dict(norm_ratio=1.0, cosine=1.0, weight_distance=0.0)
+  if mu is not None:
+    summary = optax_q.fidelity_summary(state)
+    fidelity = dict(norm_ratio=summary['norm_ratio']['median'],
+                    cosine=summary['cosine']['median'],
+                    weight_distance=summary['weight_distance']['last'])
+  return dict(final_loss=float(loss(params)), **fidelity,
               state_bits_per_element=float(
                   optax_q.state_bits_per_element(state)),
               quantized_bits_per_element=float(
@@ -259,7 +269,9 @@ def teacher_student(seeds, steps, configs=CONFIGS, log=print):
       row['seconds'] = round(time.perf_counter() - t0, 1)
       rows.append(row)
       log(f'{name:32s} seed {seed}: loss {row["final_loss"]:.3e}, '
-          f'{row["state_bits_per_element"]:.2f} bits ({row["seconds"]} s)')
+          f'{row["state_bits_per_element"]:.2f} bits, norm ratio '
+          f'{row["norm_ratio"]:.3f}, cosine {row["cosine"]:.3f} '
+          f'({row["seconds"]} s)')
   return rows
 
 
@@ -345,7 +357,12 @@ def summarize(rows):
         all_bits=r['state_bits_per_element'], losses=[], ratios=[]))
     s['losses'].append(r['final_loss'])
     s['ratios'].append(r['final_loss'] / base[r['seed']])
+    for key in FIDELITY:
+      s.setdefault(key + 's', []).append(r.get(key))
   for s in out.values():
+    for key in FIDELITY:
+      values = s.pop(key + 's')
+      s[key] = (None if None in values else statistics.fmean(values))
     if s['bits'] != s['bits']:  # No quantized leaf (fp32): NaN.
       s['bits'] = None
     s['mean_loss'] = statistics.fmean(s['losses'])
@@ -354,32 +371,7 @@ def summarize(rows):
   return list(out.values())
 
 
-def recommend(summary):
-  """Per bit class: the fewest bits whose worst seed is within the target.
-
-  Among the quantized configurations of the class (more than 3.3 and at
-  most 4.25 bits per element; at most 3.3) whose final loss is
-  at most ``TARGET`` times float32's in every seed, the one with the fewest
-  bits, then the lowest worst ratio. (A ratio below one is not a better
-  optimizer; see the page.)
-  """
-  rec = {}
-  for key, (low, high) in BUDGETS.items():
-    fits = [s for s in summary
-            if s['mu_format'] and s['bits'] is not None
-            and low < s['bits'] <= high and s['ratio_max'] <= TARGET]
-    if fits:
-      best = min(fits, key=lambda s: (s['bits'], s['ratio_max']))
-      kwargs = dict(mu_format=best['mu_format'], nu_format=best['nu_format'],
-                    rounding='stochastic')
-      if best['reset_every'] is not None:
-        kwargs['reset_every'] = best['reset_every']
-      if best.get('scale_mode'):
-        kwargs['scale_mode'] = best['scale_mode']
-      rec[key] = dict(adamw_kwargs=kwargs, config=best['config'],
-                      ratio=best['ratio'], ratio_max=best['ratio_max'],
-                      bits=best['bits'])
-  return rec
+FIDELITY = ('norm_ratio', 'cosine', 'weight_distance')
 
 
 # ----------------------------------------------------------------------------
@@ -441,18 +433,15 @@ def render_markdown(result):
   first, second = _codec_tables(result['codec_error'])
   train = [(s['config'], _bits(s['bits']), f'{s["all_bits"]:.2f}',
             f'{s["mean_loss"]:.3e}', f'{s["ratio"]:.2f}',
-            f'{s["ratio_max"]:.2f}') for s in result['summary']]
+            f'{s["ratio_max"]:.2f}',
+            *(_bits(s.get(key)) for key in FIDELITY))
+           for s in result['summary']]
   notes = ''.join(f'\n- {k}: {v}' for k, v in
                   meta.get('peer_notes', {}).items())
   earlier = ''.join(
       f"\n- Rows of the other configurations (and the peers) from: "
       f"`{e['command']}` (revision `{e['git_revision']}`, {e['date']})"
       for e in meta.get('earlier', []))
-  rec = '\n'.join(
-      f'- `{k}`: `optax_q.adamw(lr, **{v["adamw_kwargs"]})` ({v["config"]}, '
-      f'{v["bits"]:.3f} bits, {v["ratio"]:.2f}x fp32, worst seed '
-      f'{v["ratio_max"]:.2f}x)'
-      for k, v in result['recommended'].items())
   return f"""# Low-bit codecs: codec error and teacher-student training
 
 Written by `examples/study_lowbit.py`; do not edit.
@@ -462,20 +451,22 @@ Written by `examples/study_lowbit.py`; do not edit.
 - Machine: {meta['machine']}
 - Seeds: {meta['seeds']}; {meta['steps']} steps; {meta['seconds']:.0f} s{earlier}
 
-## Recommended
-
-Per bit class (quantized moments, scales included: above 3.3 and at most
-4.25; at most 3.3), the fewest bits whose final loss is at most {TARGET}x
-float32's in every seed.
-
-{rec}
+The recommended 4- and 3-bit states are chosen on fidelity and
+learning-rate windows, on three problems, by `examples/study_fidelity.py`
+([results](fidelity.md)).
 
 ## Teacher-student regression
 
 Final training loss, and its ratio to `optax.adamw` in float32 seed by seed
-(mean and worst over seeds). Bits per element from the real buffers
+(mean and worst over seeds), beside the run's fidelity to a float32 AdamW
+twin fed the same gradients (`optax_q.track_fidelity`, mean over seeds):
+the median over steps of the update-norm ratio (above one: larger steps
+than float32's) and of the update cosine, and the final distance from the
+twin's weights relative to how far the twin moved. A loss below float32's
+with a norm ratio above one is a larger effective learning rate, not more
+precision. Bits per element from the real buffers
 (`optax_q.state_bits_per_element`), scales included: over the quantized
-moments (what the budgets of `recommended_*` bound), and over all moments
+moments, and over all moments
 (the float32 leaves under 4096 elements included). The peers (PyTorch,
 torchao) train the same problem from the same data and initial weights,
 copied into PyTorch, with the same hyperparameters; their loss is divided by
@@ -483,7 +474,7 @@ copied into PyTorch, with the same hyperparameters; their loss is divided by
 
 ![bits against loss](lowbit.png)
 
-{_common.markdown_table(('config', 'bits/elem (quantized)', 'bits/elem (all)', 'mean loss', 'x fp32', 'worst x fp32'), train)}
+{_common.markdown_table(('config', 'bits/elem (quantized)', 'bits/elem (all)', 'mean loss', 'x fp32', 'worst x fp32', 'norm ratio', 'cosine', 'weight distance'), train)}
 
 ## Codec error
 
@@ -541,8 +532,8 @@ def main(argv=None):
   if args.render:
     result = json.loads((out / 'lowbit.json').read_text())
     result['summary'] = summarize(result['rows'])
-    result['recommended'] = recommend(result['summary'])
-    result.update(result['recommended'])
+    for key in ('recommended', 'recommended_4bit', 'recommended_3bit'):
+      result.pop(key, None)  # Chosen by study_fidelity.py now.
     return _write(out, result)
   out.mkdir(parents=True, exist_ok=True)
   t0 = time.perf_counter()
@@ -568,9 +559,8 @@ def main(argv=None):
     rows, meta = _merged(out, rows, meta, args)
   summary = summarize(rows)
   meta['seconds'] = time.perf_counter() - t0
-  result = dict(meta=meta, recommended=recommend(summary), summary=summary,
+  result = dict(meta=meta, summary=summary,
                 rows=rows, codec_error=codec)
-  result.update(result['recommended'])
   return _write(out, result)
 
 

@@ -35,6 +35,7 @@ from unittest import mock
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import optax_q
@@ -51,6 +52,7 @@ import profile_step  # noqa: E402
 import staleness_simulation  # noqa: E402
 import study_bits  # noqa: E402
 import study_eco  # noqa: E402
+import study_fidelity  # noqa: E402
 import study_fp_convergence  # noqa: E402
 import study_optimizers_quantization  # noqa: E402
 import study_lowbit  # noqa: E402
@@ -61,7 +63,8 @@ import update_error  # noqa: E402
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 SCRIPTS = (bench_step, demo, profile_step, staleness_simulation,
-           study_bits, study_eco, study_lowbit, study_precision,
+           study_bits, study_eco, study_fidelity, study_lowbit,
+           study_precision,
            study_optimizers_quantization, study_second_order, study_staleness,
            update_error)
 
@@ -382,9 +385,13 @@ class StudyLowbitTest(_DocsUnchanged):
     result, _ = _quiet(study_lowbit.main, common + [
         '--only', 'nf4 + ue4m0', 'nf3 + int3_mulaw'])
     self.assert_wrote('lowbit.json', 'lowbit.md', 'lowbit.png')
-    self.assertEqual(result['recommended_4bit']['adamw_kwargs']['mu_format'],
-                     'nf4')
-    self.assertEqual(result['recommended_3bit']['bits'], 3.25)
+    rows = {s['config']: s for s in result['summary']}
+    self.assertEqual(rows['nf3 + int3_mulaw']['bits'], 3.25)
+    # Fidelity beside the loss: float32 is its own twin.
+    self.assertEqual((rows['fp32']['norm_ratio'], rows['fp32']['cosine']),
+                     (1.0, 1.0))
+    self.assertLess(rows['nf4 + ue4m0']['cosine'], 1.0)
+    self.assertNotIn('recommended_4bit', result)  # study_fidelity's now.
     json.loads((self.out / 'lowbit.json').read_text())  # Strict JSON.
     # --merge: new rows in place, the others kept with their command.
     result, _ = _quiet(study_lowbit.main, common + [
@@ -407,7 +414,45 @@ class StudyLowbitTest(_DocsUnchanged):
     self.assert_wrote('lowbit.md', 'lowbit.png')
     self.assertEqual((self.out / 'lowbit.md').read_text(),
                      (results / 'lowbit.md').read_text())
-    published = json.loads((results / 'lowbit.json').read_text())
+
+
+class StudyFidelityTest(_DocsUnchanged):
+
+  @pytest.mark.slow  # A minute: every problem, two states, compiled once.
+  def test_writes_its_files_and_recommends(self):
+    result, _ = _quiet(study_fidelity.main, [
+        '--steps', '4', '--seeds', '0', '--multipliers', '0.5', '1', '2',
+        '--configs', 'nf4 + int4_mulaw, preconditioner',
+        'nf3 + int3_mulaw@sqrt', 'nf4 + ue4m0', '--out', str(self.out)])
+    self.assert_wrote('fidelity.json', 'fidelity.md', 'fidelity.png')
+    json.loads((self.out / 'fidelity.json').read_text())  # Strict JSON.
+    self.assertEqual({s['problem'] for s in result['summary']},
+                     {'teacher_student', 'digits', 'lm'})
+    self.assertEqual(result['recommended_4bit']['bits'], 4.25)
+    self.assertEqual(result['recommended_3bit']['bits'], 3.25)
+    with self.assertRaises(SystemExit):
+      _quiet(study_fidelity.main, ['--configs', 'no such state',
+                                   '--out', str(self.out)])
+
+  def test_window(self):
+    # Within 2x of the best (1.0 at x1): x0.5 at 1.5 and the edges
+    # interpolated in log-log between the multipliers.
+    best, loss, width, low, high = study_fidelity.window(
+        {0.25: 8.0, 0.5: 1.5, 1.0: 1.0, 2.0: 4.0})
+    self.assertEqual((best, loss), (1.0, 1.0))
+    self.assertAlmostEqual(high, 2 ** 0.5)
+    f = (np.log(2.0) - np.log(1.5)) / (np.log(8.0) - np.log(1.5))
+    self.assertAlmostEqual(low, 2.0 ** (-1 - f))
+    self.assertAlmostEqual(width, 0.5 + 1 + f)
+
+  def test_published_page_is_its_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    shutil.copy(results / 'fidelity.json', self.out / 'fidelity.json')
+    _quiet(study_fidelity.main, ['--render', '--out', str(self.out)])
+    self.assert_wrote('fidelity.md', 'fidelity.png')
+    self.assertEqual((self.out / 'fidelity.md').read_text(),
+                     (results / 'fidelity.md').read_text())
+    published = json.loads((results / 'fidelity.json').read_text())
     for key in ('recommended_4bit', 'recommended_3bit'):
       kwargs = published[key]['adamw_kwargs']
       optax_q.adamw(1e-3, **kwargs)  # The exact keyword arguments.
