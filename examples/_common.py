@@ -278,6 +278,53 @@ def _make_optimizer(opt, schedule_args, weight_decay, clip_norm, b1, b2, eps,
   return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
 
 
+def make_tracked_optimizer(opt: OptConfig, cfg: RunConfig,
+                           seed: int) -> optax.GradientTransformation:
+  """:func:`make_optimizer`'s transform beside its float32 twin.
+
+  The twin is the same chain (clipping, schedule, weight decay) with float32
+  moments, ``make_optimizer(FP32, cfg, seed)``, fed the same gradients and
+  params by ``optax_q.track_fidelity`` for the whole run; the updates
+  applied are ``opt``'s, bit for bit. Cached like :func:`make_optimizer`:
+  runs whose inner transform is the same object get the same wrapper, so
+  they share a compiled step.
+  """
+  return _track_fidelity(make_optimizer(opt, cfg, seed),
+                         make_optimizer(FP32, cfg, seed), cfg.steps)
+
+
+# Keyed on the two transforms themselves (tuples of functions: equal only
+# when they are the same objects), which `_make_optimizer` caches.
+@functools.lru_cache(maxsize=64)
+def _track_fidelity(tx, reference, steps):
+  return optax_q.track_fidelity(tx, reference, steps=steps)
+
+
+def inner_state(state: Any) -> Any:
+  """The state of the optimizer itself, without a float32 twin's.
+
+  ``state`` itself unless it is a ``track_fidelity`` state
+  (:func:`make_tracked_optimizer`), whose twin's float32 state and params
+  copies are not the optimizer's memory.
+  """
+  if isinstance(state, optax_q.FidelityState):
+    return state.inner_state
+  return state
+
+
+# The fidelity of a float32 run to its own twin, without running the twin.
+BASELINE_FIDELITY = dict(norm_ratio=1.0, cosine=1.0, weight_distance=0.0)
+
+
+def fidelity_fields(state: Any) -> dict[str, float]:
+  """``norm_ratio`` and ``cosine`` (medians over the steps) and
+  ``weight_distance`` (after the last step) of a tracked run's state."""
+  summary = optax_q.fidelity_summary(state)
+  return dict(norm_ratio=summary['norm_ratio']['median'],
+              cosine=summary['cosine']['median'],
+              weight_distance=summary['weight_distance']['last'])
+
+
 # ----------------------------------------------------------------------------
 # Memory accounting.
 # ----------------------------------------------------------------------------
@@ -386,6 +433,7 @@ def run(
     eval_fn: train.EvalFn | None = None,
     progress: bool = True,
     metrics_path: str | os.PathLike[str] | None = None,
+    fidelity: bool = False,
 ) -> tuple[dict[str, Any], train.TrainResult]:
   """Train once; returns ``(row, result)``.
 
@@ -395,13 +443,21 @@ def run(
   ``step_ms_median`` (compilation step excluded) and ``compile_s`` (the
   first step, including compilation).
 
+  With ``fidelity``, a low-precision run trains beside its float32 twin
+  (:func:`make_tracked_optimizer`) and ``row`` also holds ``norm_ratio``
+  and ``cosine`` (medians over the steps) and ``weight_distance`` (after
+  the last step), as ``optax_q.fidelity_summary`` gives them; the fp32
+  baseline runs alone and gets 1, 1 and 0. The memory fields count the
+  optimizer's own state, not the twin's; the step times include the twin.
+
   Pass the same ``model`` and ``eval_fn`` objects to several runs so that
   the forward pass and the evaluation compile once.
   """
   model = model or make_model(cfg)
   eval_fn = eval_fn or make_eval_fn(cfg, corpus)
   params = init_params(model, seed)
-  tx = make_optimizer(opt, cfg, seed)
+  tracked = fidelity and not opt.is_baseline
+  tx = (make_tracked_optimizer if tracked else make_optimizer)(opt, cfg, seed)
   result = train.train(
       model, params, tx,
       data.lm_batches(corpus.train, cfg.batch_size, cfg.seq_len, seed=seed),
@@ -414,7 +470,7 @@ def run(
                     run_config=dataclasses.asdict(cfg),
                     opt_config=dataclasses.asdict(opt),
                     corpus=corpus.fingerprint))
-  state = result.opt_state
+  state = inner_state(result.opt_state)
   times = result.step_times[1:] if len(result.step_times) > 1 else (
       result.step_times)
   frac = quantized_fraction(state)
@@ -433,6 +489,10 @@ def run(
       step_ms_median=1e3 * float(np.median(times)),
       compile_s=float(result.step_times[0]),
   )
+  if tracked:
+    row.update(fidelity_fields(result.opt_state))
+  elif fidelity:
+    row.update(BASELINE_FIDELITY)
   return row, result
 
 

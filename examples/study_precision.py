@@ -35,6 +35,12 @@ and ``docs/precision.md``::
   python examples/study_precision.py --mode quick \
       --out docs/results --doc docs/precision.md    # the published table
 
+Each low-precision run also trains beside its float32 twin
+(``optax_q.track_fidelity``, off with ``--no-fidelity``), and the table
+shows its fidelity to it: update-norm ratio and cosine (medians over the
+steps) and final weight distance. A loss below fp32's with a norm ratio
+above one is a larger effective step, not more precision.
+
 Targets: fp8 and int8_dynamic with stochastic rounding within the fp32 seed
 spread or at most +0.5 %; 4-bit with stochastic rounding at most +1 %.
 """
@@ -101,6 +107,21 @@ def _std(xs):
   return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
+# Fidelity to the float32 twin (`_common.run(..., fidelity=True)`): rows
+# written without it (older results) have none of these.
+FIDELITY = ('norm_ratio', 'cosine', 'weight_distance')
+
+
+def _fidelity_means(rows):
+  """Mean over the rows of each fidelity field they have (none: ``{}``)."""
+  out = {}
+  for key in FIDELITY:
+    xs = [r[key] for r in rows if r.get(key) is not None]
+    if xs:
+      out[key] = statistics.fmean(xs)
+  return out
+
+
 def summarize(rows):
   """Per-configuration aggregates and the paired gap to fp32."""
   by = {}
@@ -135,6 +156,7 @@ def summarize(rows):
             r['step_ms_median'] for r in seeds.values()),
         step_ratio_to_fp32=(statistics.median(ratios) if ratios
                             else math.nan),
+        **_fidelity_means(seeds.values()),
     )
     summary.update(verdict(name, summary))
     out.append(summary)
@@ -159,11 +181,23 @@ def verdict(name, s):
 # ----------------------------------------------------------------------------
 
 
+def _fidelity_cell(x):
+  return '-' if x is None or x != x else f'{x:.3f}'
+
+
 def render_markdown(meta, summary):
-  """The results page: provenance, then the table."""
+  """The results page: provenance, then the table.
+
+  The fidelity columns (and the sentences that explain them) appear only
+  when a configuration has fidelity, so results written without it render
+  as they always did.
+  """
+  fidelity = any(s.get(key) is not None for s in summary for key in FIDELITY)
   header = ('config', 'bits/elem', 'state bytes', 'final val loss',
-            'gap to fp32 (same seeds)', 'rel. gap', 'step ms (vs fp32)',
-            'target', 'met')
+            'gap to fp32 (same seeds)', 'rel. gap',
+            *(('norm ratio', 'cosine', 'weight distance') if fidelity
+              else ()),
+            'step ms (vs fp32)', 'target', 'met')
   rows = []
   for s in summary:
     met = {None: '', True: 'yes', False: '**no**'}[s['met']]
@@ -176,8 +210,20 @@ def render_markdown(meta, summary):
          f"{s['mean_gap']:+.4f} ± {s['std_gap']:.4f}"),
         ('—' if s['config'] == 'fp32' else
          f"{100 * s['mean_rel_gap']:+.2f}%"),
+        *((_fidelity_cell(s.get(key)) for key in FIDELITY) if fidelity
+          else ()),
         f"{s['step_ms_median']:.0f} ({s['step_ratio_to_fp32']:.2f}x)",
         s['target'], met))
+  fidelity_text = (
+      " Fidelity to a float32 AdamW twin fed the same gradients and params "
+      "(`optax_q.track_fidelity`, mean over seeds): the median over steps "
+      "of the update-norm ratio (above one: larger steps than float32's) "
+      "and of the update cosine, and the final distance from the twin's "
+      "weights relative to how far the twin moved; fp32 is its own twin "
+      "(1, 1, 0). A loss below fp32's with a norm ratio above one is a "
+      "larger effective step, not more precision. The step times of the "
+      "tracked runs include the twin's (`--no-fidelity` times them alone)."
+      if fidelity else '')
   cfg = meta['run_config']
   n_seeds = len(meta['seeds'])
   lines = [
@@ -199,7 +245,8 @@ def render_markdown(meta, summary):
       f'standard deviation. The fp32 seed spread (standard deviation) is '
       f"{summary[0]['fp32_seed_spread']:.4f}. Step time: median over the "
       f'seeds of each run\'s median step (compilation excluded), runs one '
-      f'after another on the same machine, so only ratios mean much.',
+      f'after another on the same machine, so only ratios mean much.'
+      f'{fidelity_text}',
       '',
       f"- Command: `{meta['command']}`",
       f"- Revision: `{meta['git_revision']}`; date: {meta['date']}; "
@@ -331,6 +378,11 @@ def make_parser() -> argparse.ArgumentParser:
       '--out (no training)')
   parser.add_argument('--no-progress', action='store_true',
                       help='no progress bars (for logs)')
+  parser.add_argument(
+      '--fidelity', action=argparse.BooleanOptionalAction, default=True,
+      help='train each low-precision run beside its float32 twin '
+      '(optax_q.track_fidelity) and report the norm ratio, cosine and '
+      'weight distance; the step times then include the twin')
   parser.add_argument('--data', default=None,
                       help='train on this text file instead of the stdlib')
   # Overrides of the mode's model and schedule (for smoke tests).
@@ -385,10 +437,14 @@ def main(argv=None):
   for seed in args.seeds:
     for opt in opts:
       row, _ = _common.run(opt, cfg, corpus, seed=seed, model=model,
-                           eval_fn=eval_fn, progress=not args.no_progress)
+                           eval_fn=eval_fn, progress=not args.no_progress,
+                           fidelity=args.fidelity)
       rows.append(row)
+      fid = (f"norm ratio {row['norm_ratio']:.3f}, cosine "
+             f"{row['cosine']:.3f}, weight distance "
+             f"{row['weight_distance']:.3f}, " if args.fidelity else '')
       print(f"[{len(rows)}/{n_runs}] {opt.name:18s} seed {seed}: "
-            f"val {row['final_val_loss']:.4f}, "
+            f"val {row['final_val_loss']:.4f}, {fid}"
             f"{row['state_bits_per_element']:.2f} bits/elem, "
             f"{row['step_ms_median']:.0f} ms/step "
             f"({time.perf_counter() - t_start:.0f} s)", flush=True)

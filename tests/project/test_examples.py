@@ -176,6 +176,19 @@ class ExamplesTest(absltest.TestCase):
     fp32 = res['summary'][0]
     self.assertEqual(fp32['config'], 'fp32')
     self.assertEqual(fp32['mean_gap'], 0.0)
+    # Fidelity to the float32 twin (on by default); fp32 is its own twin.
+    self.assertEqual((fp32['norm_ratio'], fp32['cosine'],
+                      fp32['weight_distance']), (1.0, 1.0, 0.0))
+    for row in res['rows']:
+      self.assertGreater(row['norm_ratio'], 0.0)
+      self.assertLessEqual(row['cosine'], 1.0)
+      self.assertGreaterEqual(row['weight_distance'], 0.0)
+    # The memory columns count the optimizer's state, not the twin's (with
+    # it, the fp8 state would outweigh fp32's).
+    by_config = {r['config']: r for r in res['rows']}
+    self.assertLess(by_config['fp8_e4m3/rn']['state_bytes'],
+                    by_config['fp32']['state_bytes'] // 2)
+    self.assertLess(by_config['fp8_e4m3/rn']['state_bits_per_element'], 16.0)
 
   def test_study_markdown_plot_and_doc(self):
     out = self.dir / 'results'
@@ -183,6 +196,8 @@ class ExamplesTest(absltest.TestCase):
     self.assertFalse((out / 'precision.partial.json').exists())
     md = (out / 'precision.md').read_text()
     self.assertIn('| `fp8_e4m3/rn` |', md)
+    self.assertIn('| norm ratio | cosine | weight distance |', md)
+    self.assertIn('larger effective step, not more precision', md)
     self.assertIn('Command: `python examples/study_precision.py', md)
     doc = self.doc.read_text()
     self.assertNotIn('old', doc)
@@ -270,6 +285,69 @@ class ConfigTest(absltest.TestCase):
     self.assertFalse(summary['fp8_e4m3/sr']['met'])
     self.assertTrue(summary['4bit/sr']['met'])
     self.assertIsNone(summary['fp32']['met'])
+
+  def test_precision_fidelity_columns_only_with_fidelity(self):
+    meta = dict(mode='quick', run_config=dict(
+        d_model=8, num_layers=1, steps=4, batch_size=2, seq_len=4,
+        learning_rate=1e-3, clip_norm=1.0, weight_decay=0.1, min_size=4096),
+                num_params=10, seeds=[0, 1], quantized_elements=1.0,
+                command='c', git_revision='r', date='d', wall_s=1.0,
+                machine='m', load_average_start='0',
+                load_average_end='0')
+    rows = []
+    for seed in (0, 1):
+      rows += [dict(config='fp32', seed=seed, final_val_loss=2.0),
+               dict(config='fp8_e4m3/sr', seed=seed, final_val_loss=2.0)]
+    for r in rows:
+      r.update(state_bytes=1, state_bits_per_element=1.0,
+               quantized_elements=1.0, step_ms_median=1.0)
+    # Rows without fidelity (results written before it): no columns, no
+    # fidelity fields in the summary.
+    summary = study_precision.summarize(rows)
+    self.assertNotIn('norm_ratio', summary[1])
+    md = study_precision.render_markdown(meta, summary)
+    self.assertNotIn('norm ratio', md)
+    self.assertNotIn('track_fidelity', md)
+    # With fidelity: means over the seeds that have it, '-' where none do.
+    rows[0].update(norm_ratio=1.0, cosine=1.0, weight_distance=0.0)
+    rows[1].update(norm_ratio=1.25, cosine=0.875, weight_distance=0.25)
+    rows[3].update(norm_ratio=1.5, cosine=0.625, weight_distance=0.75)
+    summary = study_precision.summarize(rows)
+    self.assertEqual((summary[1]['norm_ratio'], summary[1]['cosine'],
+                      summary[1]['weight_distance']), (1.375, 0.75, 0.5))
+    md = study_precision.render_markdown(meta, summary)
+    self.assertIn('| rel. gap | norm ratio | cosine | weight distance |',
+                  md)
+    self.assertIn('| +0.00% | 1.375 | 0.750 | 0.500 |', md)
+    summary[0].pop('norm_ratio')
+    md = study_precision.render_markdown(meta, summary)
+    self.assertIn('| — | — | - | 1.000 | 0.000 |', md)
+
+  def test_tracked_optimizer_is_cached_and_exact(self):
+    cfg = _common.RunConfig(steps=3, min_size=0)
+    rn, sr = _common.parse_config('fp8_e4m3/rn'), _common.parse_config(
+        'fp8_e4m3/sr')
+    # The same object for runs that share the inner transform (train.train
+    # compiles its step once per transform object).
+    self.assertIs(_common.make_tracked_optimizer(rn, cfg, 0),
+                  _common.make_tracked_optimizer(rn, cfg, 1))
+    self.assertIs(_common.make_tracked_optimizer(sr, cfg, 1),
+                  _common.make_tracked_optimizer(sr, cfg, 1))
+    tx = _common.make_tracked_optimizer(rn, cfg, 0)
+    inner = _common.make_optimizer(rn, cfg, 0)
+    params = {'w': jnp.linspace(-1.0, 1.0, 8192).reshape(64, 128)}
+    grads = jax.tree.map(lambda p: 0.1 * p, params)
+    state = jax.jit(tx.init)(params)
+    self.assertEqual(
+        optax_q.state_nbytes(_common.inner_state(state)),
+        optax_q.state_nbytes(inner.init(params)))
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    expected, _ = jax.jit(inner.update)(grads, inner.init(params), params)
+    np.testing.assert_array_equal(updates['w'], expected['w'])
+    fields = _common.fidelity_fields(state)
+    self.assertEqual(sorted(fields),
+                     ['cosine', 'norm_ratio', 'weight_distance'])
+    self.assertGreater(fields['cosine'], 0.9)
 
   def test_parse_config(self):
     self.assertEqual(_common.parse_config('fp32'), _common.FP32)
@@ -374,6 +452,21 @@ class StalenessRenderTest(_DocsUnchanged):
                      (results / 'staleness_sim.md').read_text())
     self.assertIn('![Stored v over time](staleness_sim_tracking.png)',
                   (self.out / 'staleness_sim.md').read_text())
+
+
+class PrecisionRenderTest(_DocsUnchanged):
+
+  def test_published_pages_are_their_json_rendered(self):
+    # Results written before the fidelity columns render as published.
+    results = _ROOT / 'docs' / 'results'
+    for path in sorted(results.glob('precision*.json')):
+      with self.subTest(path.name):
+        shutil.copy(path, self.out / path.name)
+        _quiet(study_precision.main, ['--render', '--out', str(self.out),
+                                      '--name', path.stem])
+        self.assertEqual((self.out / f'{path.stem}.md').read_text(),
+                         (results / f'{path.stem}.md').read_text())
+    self.assertEqual(_docs_status(), self.docs_before)
 
 
 class StudyLowbitTest(_DocsUnchanged):
