@@ -222,12 +222,10 @@ def run(problem, config, seed, multiplier, steps=None):
   return dict(
       problem=problem, config=config, seed=seed, multiplier=multiplier,
       loss=loss if math.isfinite(loss) else None,
-      norm_ratio=summary['norm_ratio']['median'],
+      **_common.fidelity_fields(state),
       norm_ratio_p10=summary['norm_ratio']['p10'],
       norm_ratio_p90=summary['norm_ratio']['p90'],
-      cosine=summary['cosine']['median'],
       cosine_p10=summary['cosine']['p10'],
-      weight_distance=summary['weight_distance']['last'],
       bits=(None if CONFIGS[config] is None else float(
           optax_q.state_bits_per_element(state, quantized_only=True))))
 

@@ -240,12 +240,8 @@ def train_teacher_student(mu, nu, resets, seed, steps, scale_mode=None):
   for _ in range(steps):
     params, state, _ = step(params, state)
   moments = sum(x.size for x in jax.tree.leaves(params))
-  fidelity = dict(_common.BASELINE_FIDELITY)
-  if mu is not None:
-    summary = optax_q.fidelity_summary(state)
-    fidelity = dict(norm_ratio=summary['norm_ratio']['median'],
-                    cosine=summary['cosine']['median'],
-                    weight_distance=summary['weight_distance']['last'])
+  fidelity = (dict(_common.BASELINE_FIDELITY) if mu is None
+              else _common.fidelity_fields(state))
   state = _common.inner_state(state)  # Not the twin's float32 state.
   return dict(final_loss=float(loss(params)), **fidelity,
               state_bits_per_element=float(
