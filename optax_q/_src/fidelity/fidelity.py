@@ -113,10 +113,6 @@ def _leaves_like(tree: Any, other: Any, name: str, like: str) -> list[Any]:
         f'{name} must have the tree structure of {like}: {e}') from None
 
 
-def _float32_leaves(leaves: list[Any]) -> list[jax.Array]:
-  return [jnp.asarray(x, _F32) for x in leaves if _is_float(x)]
-
-
 def _scaled(leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
   """``(a, leaves / a)`` with ``a`` the largest magnitude (1 if it is 0)."""
   a = jnp.zeros([], _F32)
@@ -211,7 +207,7 @@ def update_fidelity(
   r = _leaves_like(updates, reference_updates, 'reference_updates',
                    'updates')
   floats = [_is_float(x) for x in u]
-  return _fidelity(_float32_leaves(u),
+  return _fidelity([jnp.asarray(x, _F32) for x in u if _is_float(x)],
                    [jnp.asarray(y, _F32) for y, f in zip(r, floats) if f])
 
 
@@ -278,11 +274,6 @@ def _float32_copy(tree: Any) -> Any:
   return jax.tree.map(
       lambda x: jnp.array(x, _F32 if _is_float(x) else None, copy=True),
       tree)
-
-
-def _as_float32(tree: Any) -> Any:
-  return jax.tree.map(
-      lambda x: jnp.asarray(x, _F32) if _is_float(x) else x, tree)
 
 
 def _check_transform(value: Any, name: str) -> None:
@@ -420,7 +411,9 @@ def track_fidelity(
         updates, state.inner_state, params, **extra_args)
 
     recording = state.count < steps
-    grads32, params32 = _as_float32(updates), _as_float32(params)
+    grads32, params32 = jax.tree.map(
+        lambda x: jnp.asarray(x, _F32) if _is_float(x) else x,
+        (updates, params))
 
     def run_reference(ref_state):
       return reference.update(grads32, ref_state, params32, **extra_args)
@@ -461,20 +454,6 @@ def track_fidelity(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _is_fidelity_state(x: Any) -> bool:
-  return isinstance(x, FidelityState)
-
-
-def _find_state(state: Any) -> FidelityState:
-  found = [x for x in jax.tree.leaves(state, is_leaf=_is_fidelity_state)
-           if _is_fidelity_state(x)]
-  if len(found) != 1:
-    raise ValueError(
-        f'fidelity_summary: state must hold exactly one FidelityState (the '
-        f'state of track_fidelity, at any depth), found {len(found)}.')
-  return found[0]
-
-
 def fidelity_summary(state: optax.OptState) -> dict[str, Any]:
   """Statistics of what track_fidelity recorded, on the host (NumPy).
 
@@ -508,7 +487,14 @@ def fidelity_summary(state: optax.OptState) -> dict[str, Any]:
     >>> summary['steps'], summary['cosine']['median']
     (1, 1.0)
   """
-  found = _find_state(state)
+  is_fidelity = lambda x: isinstance(x, FidelityState)
+  found = [x for x in jax.tree.leaves(state, is_leaf=is_fidelity)
+           if is_fidelity(x)]
+  if len(found) != 1:
+    raise ValueError(
+        f'fidelity_summary: state must hold exactly one FidelityState (the '
+        f'state of track_fidelity, at any depth), found {len(found)}.')
+  found = found[0]
   n = min(int(np.asarray(found.count)), int(np.shape(found.norm_ratio)[0]))
   out: dict[str, Any] = {'steps': n}
   for name in METRICS:
