@@ -243,17 +243,81 @@ def lowbit_quality_table() -> str:
             'optax_q `nf4` + `ue4m0`, power-of-two scales'),
            ('nf3 + int3_mulaw, pow2 scales',
             'optax_q `nf3` + `int3_mulaw`, power-of-two scales'))
+  fid = lambda s, key: '-' if s.get(key) is None else f'{s[key]:.3f}'
   lines = ['| optimizer | state bits per element (all moments) | '
-           'final loss / `optax.adamw` |', '|---|---:|---:|']
+           'final loss / `optax.adamw` | update-norm ratio | update cosine |',
+           '|---|---:|---:|---:|---:|']
   lines += [f"| {label} | {summary[c]['all_bits']:.2f} | "
-            f"{summary[c]['ratio']:.2f} |" for c, label in shown]
+            f"{summary[c]['ratio']:.2f} | {fid(summary[c], 'norm_ratio')} | "
+            f"{fid(summary[c], 'cosine')} |" for c, label in shown]
   return (
       f"From `examples/study_lowbit.py` ([results](results/lowbit.md), with "
       f"the command of each run): a tanh MLP 64-256-256-10 learning a "
       f"teacher of the same shape, AdamW, {meta['steps']} steps, "
       f"{len(meta['seeds'])} seeds; each peer trains the same data from the "
       f"same initial weights, copied into PyTorch. Final loss over "
-      f"`optax.adamw`'s (mean over seeds):\n\n" + '\n'.join(lines) + '\n')
+      f"`optax.adamw`'s (mean over seeds), and fidelity to a float32 twin "
+      f"fed the same gradients (medians over the steps; not measured for "
+      f"the peers): an update-norm ratio above one is a larger effective "
+      f"step than float32 AdamW's, which lowers this problem's loss without "
+      f"being more precise ([Fidelity](fidelity.md)):\n\n"
+      + '\n'.join(lines) + '\n')
+
+
+def lowbit_table() -> str:
+  """The low-bit page's teacher-student table: every state's loss ratio
+  beside its fidelity to the float32 twin."""
+  result = _load('lowbit')
+  fid = lambda s, key: '-' if s.get(key) is None else f'{s[key]:.3f}'
+  lines = ['| state | bits per element (quantized) | final loss / fp32 | '
+           'update-norm ratio | update cosine | weight distance |',
+           '|---|---:|---:|---:|---:|---:|']
+  for s in result['summary']:
+    if s['config'] == 'fp32' or s['bits'] is None:
+      continue  # float32 itself, and the peers (their own rows below).
+    lines.append(f"| {s['config']} | {s['bits']:.2f} | {s['ratio']:.2f} | "
+                 f"{fid(s, 'norm_ratio')} | {fid(s, 'cosine')} | "
+                 f"{fid(s, 'weight_distance')} |")
+  for s in result['summary']:
+    if s['bits'] is None and s['config'] != 'fp32':
+      lines.append(f"| {s['config']} (peer) | {s['all_bits']:.2f} (all "
+                   f"moments) | {s['ratio']:.2f} | - | - | - |")
+  return '\n'.join(lines) + '\n'
+
+
+def fidelity_recommendations() -> str:
+  """The recommended 4- and 3-bit states, chosen on fidelity."""
+  result = _load('fidelity')
+  by = {(s['problem'], s['config']): s for s in result['summary']}
+  parts = []
+  for key, label in (('recommended_4bit', '4-bit'),
+                     ('recommended_3bit', '3-bit')):
+    rec = result.get(key)
+    if rec is None:
+      parts.append(f'No {label} state met the window rule.')
+      continue
+    kwargs = ', '.join(f'{k}={v!r}' for k, v in rec['adamw_kwargs'].items())
+    other = '; '.join(
+        f"{p.replace('_', '-')} {by[(p, rec['config'])]['norm_ratio']:.3f} "
+        f"and {by[(p, rec['config'])]['cosine']:.3f}"
+        for p in ('digits', 'lm') if (p, rec['config']) in by)
+    parts.append(
+        f"{label} (`{key}`, {rec['bits']:.2f} bits per moment element): "
+        f"`optax_q.adamw(lr, {kwargs})`. On the teacher-student problem its "
+        f"update-norm ratio to the float32 twin is {rec['norm_ratio']:.3f} "
+        f"and its update cosine {rec['cosine']:.3f} (median over steps, "
+        f"mean over seeds; {other}), its final loss "
+        f"{rec['loss_ratio']:.2f}x float32's, its learning-rate window "
+        f"{rec['window_vs_fp32']:.2f}x as wide as float32's and its best "
+        f"loss over the sweep {rec['best_vs_fp32']:.2f}x float32's best.")
+  meta = result['meta']
+  return (
+      f"From `examples/study_fidelity.py` ([results](results/fidelity.md), "
+      f"revision {meta['git_revision']}): per bit class, among the states "
+      f"whose learning-rate window on the teacher-student problem is at "
+      f"least 75% of float32's, the one whose updates follow float32 AdamW's "
+      f"most closely (highest mean update cosine over the three problems).\n"
+      f"\n" + '\n\n'.join(parts) + '\n')
 
 
 def leafwise_summary() -> str:
@@ -326,6 +390,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     f.__name__: f for f in (step_cost_summary, step_cost_table, gpu_summary,
                             peers_step_table, precision_summary,
                             eco_summary, lowbit_quality_table,
+                            fidelity_recommendations, lowbit_table,
                             leafwise_summary, positive_floor_effect)
 }
 
