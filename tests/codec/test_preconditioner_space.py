@@ -183,6 +183,16 @@ class DropInTest(parameterized.TestCase):
     names = [q.fmt.name for q in optax_q.quantized_leaves(state).values()]
     self.assertCountEqual(names, ['nf4', 'ue4m0@rsqrt+1e-06'])
 
+  @parameterized.parameters('shampoo', 'soap')
+  def test_second_order_declare_their_grafting_eps(self, name):
+    tx = getattr(optax_q, name)(1e-3, eps=1e-7, mu_format='nf4',
+                                nu_format='ue4m0', rounding='preconditioner',
+                                min_size=0)
+    state = tx.init({'w': jnp.zeros((64, 128))})
+    names = {q.fmt.name for q in optax_q.quantized_leaves(state).values()}
+    self.assertIn('ue4m0@rsqrt+1e-07', names)
+    self.assertIn('nf4', names)  # The first moment: plain stochastic.
+
   def test_quantize_state_needs_the_map(self):
     with self.assertRaisesRegex(ValueError, 'preconditioner='):
       optax_q.quantize_state(optax.scale_by_adam(), 'ue4m0',

@@ -111,12 +111,19 @@ def _build(scale_by: Any, transform_args: dict[str, Any], *,
       formats[f].is_identity for f in EIGVECS) else 1)
   validation.check_number(learning_rate, 'learning_rate', schedule=True)
   validation.check_number(weight_decay, 'weight_decay')
-  rounding = validation.check_rounding(rounding)
+  rounding = validation.check_rounding(
+      rounding, modes=validation.STATE_ROUNDING_MODES)
   if not has_nu:
     formats = {f: v for f, v in formats.items() if f != 'nu'}
+  # Rounding in preconditioner space is for the Adam second moment (its
+  # eps declared); the other fields round stochastically then.
+  linear = 'stochastic' if rounding == 'preconditioner' else rounding
   stored = transform.quantize_state(
       inner, formats,
-      rounding={f: 'nearest' if f in EIGVECS else rounding for f in formats},
+      rounding={f: 'nearest' if f in EIGVECS else
+                rounding if f == 'nu' else linear for f in formats},
+      preconditioner=({'nu': transform_args['eps']}
+                      if has_nu and rounding == 'preconditioner' else None),
       seed=seed, min_size=min_size, block_size=block_size,
       scale_mode={f: STATS_SCALE_MODE for f in STATISTICS
                   if qarray_lib.default_scale_mode(formats[f]) != 'none'}
@@ -238,7 +245,10 @@ def shampoo(
     stats_format: Format of the factor statistics; signed (their
       off-diagonal entries are).
     eigvecs_format: Format of the eigenbases; signed, at least 4 bits.
-    rounding: ``'stochastic'`` or ``'nearest'`` for the moments and
+    rounding: ``'stochastic'``, ``'nearest'`` or ``'preconditioner'`` (the
+      second moment rounded so that ``1/(sqrt(nu) + eps)`` is unbiased,
+      see [`in_preconditioner_space`][optax_q.in_preconditioner_space])
+      for the moments and
       statistics (the bases always round to nearest).
     block_size: Elements per scale of block-scaled formats; None: 128.
     seed: Seed of the stochastic rounding; None: 0.
@@ -368,7 +378,10 @@ def soap(
       ``'nf4'`` and ``'nf3'``).
     stats_format: Format of the factor statistics; signed.
     eigvecs_format: Format of the eigenbases; signed, at least 4 bits.
-    rounding: ``'stochastic'`` or ``'nearest'`` for the moments and
+    rounding: ``'stochastic'``, ``'nearest'`` or ``'preconditioner'`` (the
+      second moment rounded so that ``1/(sqrt(nu) + eps)`` is unbiased,
+      see [`in_preconditioner_space`][optax_q.in_preconditioner_space])
+      for the moments and
       statistics (the bases always round to nearest).
     block_size: Elements per scale of block-scaled formats; None: 128.
     seed: Seed of the stochastic rounding; None: 0.
