@@ -40,10 +40,10 @@ its edges interpolated log-linearly between the multipliers tried.
 
 ``recommended_4bit`` and ``recommended_3bit`` (the keyword arguments of
 ``optax_q.adamw``): per bit class (quantized moments, scales included:
-above 3.3 and at most 4.25; at most 3.3), among the states whose window on
-the teacher-student problem is at least 75% of float32's, the one with the
-highest mean update cosine over the problems, then the update-norm ratio
-nearest one.
+above 3.3 and at most 4.25; at most 3.3), among the swept states (``SWEPT``:
+a window needs a sweep) whose window on the teacher-student problem is at
+least 75% of float32's, the one with the highest mean update cosine over
+the problems, then the update-norm ratio nearest one.
 
   python examples/study_fidelity.py                    # runs/study_fidelity/
   python examples/study_fidelity.py --out docs/results # the published page
@@ -248,6 +248,8 @@ def window(curve):
   ``WINDOW_FACTOR`` of the best, edges interpolated in log-log."""
   ms = sorted(curve)
   best = min(ms, key=lambda m: curve[m])
+  if not math.isfinite(curve[best]):
+    return None  # Diverged at every learning rate: no window.
   limit = WINDOW_FACTOR * curve[best]
 
   def edge(inner, outer):
@@ -290,27 +292,29 @@ def summarize(rows):
                seeds=len(at1))
       for key in ('norm_ratio', 'cosine', 'weight_distance'):
         s[key] = statistics.fmean(r[key] for r in at1)
-      ratios = [r['loss'] / base[r['seed']] if r['loss'] else math.inf
-                for r in at1 if r['seed'] in base]
-      s['loss_ratio'] = _geomean(ratios)
-      s['loss_ratio_min'], s['loss_ratio_max'] = min(ratios), max(ratios)
+      ratios = [math.inf if r['loss'] is None else r['loss'] / base[r['seed']]
+                for r in at1 if base.get(r['seed'])]
+      if ratios:
+        s['loss_ratio'] = _geomean(ratios)
+        s['loss_ratio_min'], s['loss_ratio_max'] = min(ratios), max(ratios)
       curve = {}
       for m in sorted({r['multiplier'] for r in mine
                        if r['config'] == config}):
         curve[m] = _geomean([r['loss'] for r in mine if r['config'] == config
                              and r['multiplier'] == m])
+      found = window(curve) if len(curve) > 1 else None
       if len(curve) > 1:
-        best, best_loss, width, low, high = window(curve)
-        s.update(curve={str(m): v for m, v in curve.items()},
-                 best_multiplier=best, best_loss=best_loss,
+        s['curve'] = {str(m): v for m, v in curve.items()}
+      if found is not None:
+        best, best_loss, width, low, high = found
+        s.update(best_multiplier=best, best_loss=best_loss,
                  window_octaves=width, window_low=low, window_high=high)
-        if config == 'fp32':
+        if config == 'fp32' and width > 0:
           fp32_window = (width, best_loss)
       out.append(s)
     for s in out:
       if s['problem'] == problem and 'window_octaves' in s and fp32_window:
-        s['window_vs_fp32'] = (s['window_octaves'] / fp32_window[0]
-                               if fp32_window[0] else math.nan)
+        s['window_vs_fp32'] = s['window_octaves'] / fp32_window[0]
         s['best_vs_fp32'] = s['best_loss'] / fp32_window[1]
   return out
 
@@ -321,13 +325,20 @@ def recommend(summary):
   by = {}
   for s in summary:
     by.setdefault(s['config'], {})[s['problem']] = s
+  problems = {s['problem'] for s in summary}
+  finite = lambda x: x is not None and math.isfinite(x)
   rec = {}
   for key, (low, high) in BUDGETS.items():
     fits = []
     for config, per in by.items():
       ts = per.get('teacher_student')
-      if (ts is None or ts['bits'] is None or not low < ts['bits'] <= high
-          or ts.get('window_vs_fp32', 0.0) < MIN_WINDOW):
+      if (ts is None or set(per) != problems or ts['bits'] is None
+          or not low < ts['bits'] <= high
+          or not finite(ts.get('window_vs_fp32'))
+          or ts['window_vs_fp32'] < MIN_WINDOW
+          or not all(finite(p['cosine']) for p in per.values())
+          or not finite(ts['norm_ratio']) or ts['norm_ratio'] <= 0
+          or not finite(ts.get('loss_ratio'))):
         continue
       cosine = statistics.fmean(p['cosine'] for p in per.values())
       fits.append((cosine, -abs(math.log(ts['norm_ratio'])), config))
@@ -406,7 +417,7 @@ def render_markdown(result):
       continue
     body = [(s['config'], _f(s['bits']), _f(s['norm_ratio']),
              _f(s['cosine']), _f(s['weight_distance']),
-             _f(s['loss_ratio'], '.2f'),
+             _f(s.get('loss_ratio'), '.2f'),
              _f(s.get('best_multiplier'), 'g'),
              _f(s.get('window_octaves'), '.2f'),
              _f(s.get('window_vs_fp32'), '.2f'),
@@ -440,9 +451,9 @@ AdamW's; a lower loss than float32 is not more fidelity.
 ## Recommended
 
 Per bit class (quantized moments, scales included: above 3.3 and at most
-4.25; at most 3.3), among the states whose teacher-student window is at
-least {MIN_WINDOW:.0%} of float32's, the highest mean update cosine over the
-problems, then the norm ratio nearest one.
+4.25; at most 3.3), among the swept states whose teacher-student window is
+at least {MIN_WINDOW:.0%} of float32's, the highest mean update cosine over
+the problems, then the norm ratio nearest one.
 
 {rec}
 
@@ -480,11 +491,16 @@ def main(argv=None):
   out = pathlib.Path(args.out)
   if args.render:
     result = json.loads((out / 'fidelity.json').read_text())
+    result['summary'] = summarize(result['rows'])
+    result['recommended'] = recommend(result['summary'])
+    result.update(result['recommended'])
     return _write(out, result)
   unknown = sorted(set(args.configs) - set(CONFIGS))
   if unknown:
     raise SystemExit(f'--configs: unknown {unknown}; known: {list(CONFIGS)}')
   configs = ['fp32'] + [c for c in args.configs if c != 'fp32']
+  if args.multipliers and 1.0 not in args.multipliers:
+    args.multipliers = sorted(args.multipliers + [1.0])  # x1: fidelity
   t0 = time.perf_counter()
   meta = dict(command=_common.command_line(__file__, argv),
               git_revision=_common.git_revision(), date=_common.now_utc(),

@@ -109,7 +109,6 @@ CONFIGS = (
     ('nf3 + ue3m0, rank-1 nu', 'nf3', 'ue3m0', None, RANK1_NU),
     ('nf3 + int3_mulaw, rank-1 nu', 'nf3', 'int3_mulaw', None, RANK1_NU),
 )
-# Bits per quantized moment element, scales included: (above, at most).
 
 
 # ----------------------------------------------------------------------------

@@ -433,9 +433,17 @@ def _in_space(fmt: Format, space: str, offset: float = 0.0) -> Format:
         'fp4_e2m2u, int8_dynamic, int4_unsigned, nf4, nf3, ue{E}m{M}, '
         'int{3,4}_{sqrt,mulaw,softsign}[_unsigned].')
   if offset:
+    if min(fmt.table) < 0:
+      raise ValueError(
+          f'Rounding in preconditioner space needs a grid of non-negative '
+          f'values, and {fmt.name!r} holds {min(fmt.table)}: use a second '
+          'moment grid (ue{E}m{M}, int8_dynamic, int4, fp4_e2m2u, '
+          'int{3,4}_{sqrt,mulaw,softsign}).')
+    # repr: the shortest text that reads back as the same float.
     base = fmt.name.split('@')[0]
-    return dataclasses.replace(fmt, name=f'{base}@rsqrt+{offset:g}',
-                               space='rsqrt', space_offset=float(offset))
+    return dataclasses.replace(
+        fmt, name=f'{base}@rsqrt+{float(offset)!r}', space='rsqrt',
+        space_offset=float(offset))
   if space in ('log', 'rsqrt') and min(fmt.table) <= 0:
     raise ValueError(
         f'Rounding space @{space} needs a grid of positive values, and '
@@ -716,8 +724,6 @@ def unsigned_variant(fmt: str | Format) -> Format:  # pylint: disable=too-many-r
   return dataclasses.replace(fmt, positive_floor=True)
 
 
-
-
 def in_preconditioner_space(fmt: Any, eps: float) -> Format:
   r"""A second moment's format whose rounding is unbiased in the update.
 
@@ -743,10 +749,11 @@ def in_preconditioner_space(fmt: Any, eps: float) -> Format:
   value in the same space.
 
   Args:
-    fmt: A codebook format (see [`get_format`][optax_q.get_format]): the
-      grids ``ue{E}m{M}``, ``int8_dynamic``, ``int4_unsigned``,
-      ``fp4_e2m2u``, ``nf4``, ``nf3``, ``int{3,4}_{sqrt,mulaw,softsign}``
-      and their unsigned variants.
+    fmt: A codebook format for non-negative values (see
+      [`get_format`][optax_q.get_format]), or one whose unsigned variant is:
+      ``ue{E}m{M}``, ``int8_dynamic``, ``int4``, ``fp4_e2m2u``,
+      ``int{3,4}_{sqrt,mulaw,softsign}`` (not the first-moment grids
+      ``nf4`` and ``nf3``).
     eps: Adam's ``eps``, a finite positive float (``0`` gives the space
       ``-1/sqrt(v)``, ``<codec>@rsqrt``, which needs a grid without zero).
 
@@ -777,6 +784,6 @@ def in_preconditioner_space(fmt: Any, eps: float) -> Format:
     raise ValueError(
         f'fmt={fmt.name!r}: rounding in preconditioner space needs a codebook '
         f'format, and this is a {base.kind} grid; codebooks: ue{{E}}m{{M}}, '
-        'int8_dynamic, int4_unsigned, fp4_e2m2u, nf4, nf3, '
+        'int8_dynamic, int4, fp4_e2m2u, '
         'int{3,4}_{sqrt,mulaw,softsign}[_unsigned].')
   return _in_space(base, 'rsqrt', eps)

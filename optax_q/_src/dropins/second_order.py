@@ -115,6 +115,11 @@ def _build(scale_by: Any, transform_args: dict[str, Any], *,
       rounding, modes=validation.STATE_ROUNDING_MODES)
   if not has_nu:
     formats = {f: v for f, v in formats.items() if f != 'nu'}
+    if rounding == 'preconditioner':
+      raise ValueError(
+          "rounding='preconditioner' rounds Adam grafting's second moment, "
+          'and this grafting keeps none: use grafting=\'adam\', or '
+          "rounding='stochastic'.")
   # Rounding in preconditioner space is for the Adam second moment (its
   # eps declared); the other fields round stochastically then.
   linear = 'stochastic' if rounding == 'preconditioner' else rounding

@@ -177,11 +177,12 @@ def _check_preconditioner(preconditioner: Any, rounding: Any
   missing = [f for f in wanted if f is not None and f not in checked]
   if missing or (None in wanted and not checked):
     raise ValueError(
-        f"rounding='preconditioner' for {missing or 'every field'} needs the "
-        'map the inner transform applies to that field: pass '
-        "preconditioner={'nu': eps} (Adam's 1/(sqrt(v) + eps)). adamw and "
-        'adam declare theirs; lion, sgd and muon have none (their state '
-        "enters the update linearly: use 'stochastic').")
+        f"rounding='preconditioner' for {missing or 'every field'}: this "
+        'rounding is for state fields the optimizer uses through Adam\'s map '
+        "1/(sqrt(v) + eps), declared with their eps (preconditioner={'nu': "
+        "eps} in quantize_state; adamw, adam, shampoo and soap declare their "
+        "second moment, the only such field). Other fields, and lion, sgd, "
+        "muon and adaptive_bits, declare none: use 'stochastic'.")
   return checked
 
 
@@ -274,7 +275,7 @@ class StorageConfig:
       # callable gives are checked leaf by leaf at ``init``).
       fmt = (formats.get(field) if isinstance(formats, Mapping) else
              formats if isinstance(formats, Format) else None)
-      if fmt is not None and (
+      if fmt is not None and not fmt.is_identity and (
           leaf_rounding(rounding, field) == 'preconditioner'):
         name = 'formats' if isinstance(formats, Format) else (
             f'formats[{field!r}]')
