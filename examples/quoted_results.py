@@ -227,6 +227,11 @@ def eco_summary() -> str:
       f"seeds; `docs/results/eco.md`).\n")
 
 
+def _fid(summary: dict, key: str) -> str:
+  """A fidelity number of a summary row, or '-' where it was not measured."""
+  return '-' if summary.get(key) is None else f'{summary[key]:.3f}'
+
+
 def lowbit_quality_table() -> str:
   """The comparison page's teacher-student table of 8- and 4-bit states."""
   result = _load('lowbit')
@@ -241,15 +246,17 @@ def lowbit_quality_table() -> str:
            ('nf4 + ue4m0', 'optax_q `nf4` + `ue4m0`'),
            ('nf4 + ue4m0, pow2 scales',
             'optax_q `nf4` + `ue4m0`, power-of-two scales'),
+           ('nf4 + int4_mulaw, preconditioner rounding',
+            "optax_q `nf4` + `int4_mulaw`, `rounding='preconditioner'` "
+            '(recommended)'),
            ('nf3 + int3_mulaw, pow2 scales',
             'optax_q `nf3` + `int3_mulaw`, power-of-two scales'))
-  fid = lambda s, key: '-' if s.get(key) is None else f'{s[key]:.3f}'
   lines = ['| optimizer | state bits per element (all moments) | '
            'final loss / `optax.adamw` | update-norm ratio | update cosine |',
            '|---|---:|---:|---:|---:|']
   lines += [f"| {label} | {summary[c]['all_bits']:.2f} | "
-            f"{summary[c]['ratio']:.2f} | {fid(summary[c], 'norm_ratio')} | "
-            f"{fid(summary[c], 'cosine')} |" for c, label in shown]
+            f"{summary[c]['ratio']:.2f} | {_fid(summary[c], 'norm_ratio')} | "
+            f"{_fid(summary[c], 'cosine')} |" for c, label in shown]
   return (
       f"From `examples/study_lowbit.py` ([results](results/lowbit.md), with "
       f"the command of each run): a tanh MLP 64-256-256-10 learning a "
@@ -268,7 +275,6 @@ def lowbit_table() -> str:
   """The low-bit page's teacher-student table: every state's loss ratio
   beside its fidelity to the float32 twin."""
   result = _load('lowbit')
-  fid = lambda s, key: '-' if s.get(key) is None else f'{s[key]:.3f}'
   lines = ['| state | bits per element (quantized) | final loss / fp32 | '
            'update-norm ratio | update cosine | weight distance |',
            '|---|---:|---:|---:|---:|---:|']
@@ -276,8 +282,8 @@ def lowbit_table() -> str:
     if s['config'] == 'fp32' or s['bits'] is None:
       continue  # float32 itself, and the peers (their own rows below).
     lines.append(f"| {s['config']} | {s['bits']:.2f} | {s['ratio']:.2f} | "
-                 f"{fid(s, 'norm_ratio')} | {fid(s, 'cosine')} | "
-                 f"{fid(s, 'weight_distance')} |")
+                 f"{_fid(s, 'norm_ratio')} | {_fid(s, 'cosine')} | "
+                 f"{_fid(s, 'weight_distance')} |")
   for s in result['summary']:
     if s['bits'] is None and s['config'] != 'fp32':
       lines.append(f"| {s['config']} (peer) | {s['all_bits']:.2f} (all "
@@ -310,13 +316,16 @@ def fidelity_recommendations() -> str:
         f"{rec['loss_ratio']:.2f}x float32's, its learning-rate window "
         f"{rec['window_vs_fp32']:.2f}x as wide as float32's and its best "
         f"loss over the sweep {rec['best_vs_fp32']:.2f}x float32's best.")
-  meta = result['meta']
+  meta, rule = result['meta'], result['rule']
+  problems = sorted({s['problem'].replace('_', '-')
+                     for s in result['summary']})
   return (
       f"From `examples/study_fidelity.py` ([results](results/fidelity.md), "
-      f"revision {meta['git_revision']}): per bit class, among the states "
-      f"whose learning-rate window on the teacher-student problem is at "
-      f"least 75% of float32's, the one whose updates follow float32 AdamW's "
-      f"most closely (highest mean update cosine over the three problems).\n"
+      f"revision {meta['git_revision']}): per bit class, among the swept "
+      f"states whose learning-rate window on the teacher-student problem is "
+      f"at least {rule['min_window']:.0%} of float32's, the one whose updates "
+      f"follow float32 AdamW's most closely (highest mean update cosine over "
+      f"the problems: {', '.join(problems)}).\n"
       f"\n" + '\n\n'.join(parts) + '\n')
 
 

@@ -105,6 +105,9 @@ SEEDS = {'teacher_student': (0, 1, 2), 'digits': (0, 1, 2), 'lm': (0,)}
 BUDGETS = {'recommended_4bit': (3.3, 4.25), 'recommended_3bit': (0.0, 3.3)}
 WINDOW_FACTOR = 2.0  # A multiplier is in the window within 2x the best loss.
 MIN_WINDOW = 0.75  # Of float32's width, on the teacher-student problem.
+# The recommendation rule, written into the results for the pages quoting it.
+RULE = dict(window_factor=WINDOW_FACTOR, min_window=MIN_WINDOW,
+            budgets=BUDGETS)
 LM = _common.RunConfig(d_model=64, num_layers=1, num_heads=4, seq_len=64,
                        batch_size=16, steps=200, learning_rate=3e-3,
                        warmup_steps=20, eval_batches=16)
@@ -493,7 +496,7 @@ def main(argv=None):
     result = json.loads((out / 'fidelity.json').read_text())
     result['summary'] = summarize(result['rows'])
     result['recommended'] = recommend(result['summary'])
-    result.update(result['recommended'])
+    result.update(result['recommended'], rule=RULE)
     return _write(out, result)
   unknown = sorted(set(args.configs) - set(CONFIGS))
   if unknown:
@@ -526,8 +529,8 @@ def main(argv=None):
                 flush=True)
   meta['seconds'] = time.perf_counter() - t0
   summary = summarize(rows)
-  result = dict(meta=meta, recommended=recommend(summary), summary=summary,
-                rows=rows)
+  result = dict(meta=meta, rule=RULE, recommended=recommend(summary),
+                summary=summary, rows=rows)
   result.update(result['recommended'])
   return _write(out, result)
 

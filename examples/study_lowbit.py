@@ -108,6 +108,12 @@ CONFIGS = (
     ('nf4 + int4_mulaw, rank-1 nu', 'nf4', 'int4_mulaw', None, RANK1_NU),
     ('nf3 + ue3m0, rank-1 nu', 'nf3', 'ue3m0', None, RANK1_NU),
     ('nf3 + int3_mulaw, rank-1 nu', 'nf3', 'int3_mulaw', None, RANK1_NU),
+    # The recommended states (study_fidelity.py): the second moment rounded
+    # in Adam's preconditioner space, as rounding='preconditioner' does.
+    ('nf4 + int4_mulaw, preconditioner rounding', 'nf4',
+     f'int4_mulaw@rsqrt+{EPS!r}', None),
+    ('nf3 + int3_mulaw, preconditioner rounding', 'nf3',
+     f'int3_mulaw@rsqrt+{EPS!r}', None),
 )
 
 

@@ -22,12 +22,15 @@ the first that fits.
 Every candidate was measured; the comments on ``CANDIDATES`` name the
 result files under ``docs/results/``. In short: on the precision study's
 small GPT the 8-bit states with stochastic rounding end within about half
-a percent of float32 AdamW's loss (fp8 once just past it), and 4 bits need
-not cost loss: the recommended 4- and 3-bit pairs of the low-bit study
-(``nf4`` + ``ue4m0`` and ``nf3`` + ``int3_mulaw``, power-of-two scales),
-the smallest candidates here, ended at or below float32's loss. ``int4`` on
-both moments is not offered: it was the worst 4-bit pair measured. These
-are small models and short runs; check the pick on your own.
+a percent of float32 AdamW's loss (fp8 once just past it), and their
+updates follow float32 AdamW's closely (update cosine about 0.996,
+``docs/results/fidelity.md``). The smallest candidates are the recommended
+4- and 3-bit states, chosen on fidelity to float32 AdamW
+(``nf4`` + ``int4_mulaw`` and ``nf3`` + ``int3_mulaw``, the second moment
+rounded in preconditioner space): the 4-bit one stays close to float32's
+steps, the 3-bit one departs more. ``int4`` on both moments is not offered:
+it was the worst 4-bit pair measured. These are small models and short
+runs; check the pick on your own with ``optax_q.track_fidelity``.
 
 Run: ``python examples/howto/memory_budget.py --budget-mib 60``.
 """
@@ -58,23 +61,18 @@ CANDIDATES = (
     ('nf4 mu, int8_dynamic nu', dict(mu_format='nf4',
                                      nu_format='int8_dynamic')),
     # The recommended 4-bit state (recommended_4bit in
-    # docs/results/lowbit.md): -2.79% against float32 on the GPT
-    # (docs/results/precision_lowbit_pow2.md). The precision study's '4bit'
-    # pair (fp4_e2m1 + fp4_e2m2u) also beat float32 on the GPT (-1.37% in
-    # docs/results/precision_full.md, -0.92% in quick mode,
-    # docs/results/precision.md) but trails nf4 + ue4m0 in
-    # docs/results/precision_lowbit.md and docs/results/lowbit.md. int4 on
-    # both moments is left out, the worst 4-bit pair measured: +0.82% and
-    # worse than float32 in every seed (docs/results/precision_4bit.md),
-    # 1.72x float32's loss in docs/results/lowbit.md.
-    ('nf4 + ue4m0, pow2 scales', dict(mu_format='nf4', nu_format='ue4m0',
-                                      scale_mode='block_pow2')),
+    # docs/results/fidelity.md): on the teacher-student problem, steps
+    # within 2% of float32's in norm and a learning-rate window nearly as
+    # wide; on the classifier and the GPT closer to float32's steps than
+    # plain stochastic rounding. Loss-based studies had preferred power-of-two
+    # scales (docs/results/lowbit.md), which enlarge the steps instead.
+    ('nf4 + int4_mulaw', dict(mu_format='nf4', nu_format='int4_mulaw',
+                              rounding='preconditioner')),
     # The recommended 3-bit state (recommended_3bit in
-    # docs/results/lowbit.md): -0.15% on the GPT
-    # (docs/results/precision_lowbit_pow2.md).
-    ('nf3 + int3_mulaw, pow2 scales', dict(mu_format='nf3',
-                                           nu_format='int3_mulaw',
-                                           scale_mode='block_pow2')),
+    # docs/results/fidelity.md): further from float32's steps (update cosine
+    # 0.7-0.9 on the three problems).
+    ('nf3 + int3_mulaw', dict(mu_format='nf3', nu_format='int3_mulaw',
+                              rounding='preconditioner')),
 )
 
 
