@@ -19,9 +19,9 @@ layer                     sub-packages
 drop-ins                  `dropins` (adamw, adam, lion, sgd, muon, shampoo,
                           soap)
 features                  `resets`, `adaptive`, `master_free`,
-                          `second_order` (none imports another)
-features                  `fidelity` (a float32 twin beside any
-                          transform, compared; imports `core` only)
+                          `second_order`, `fidelity` (none imports
+                          another; `fidelity`, a float32 twin beside any
+                          transform, imports `core` only)
 state                     `state` (quantize_state, the leafwise pass,
                           sharding, telemetry)
 execution                 `execution` (CPU fusion device, Pallas kernels)
