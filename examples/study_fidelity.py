@@ -472,7 +472,7 @@ def make_parser():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0],
                                    formatter_class=_common.HelpFormatter)
   parser.add_argument('--problems', nargs='+', default=list(PROBLEMS),
-                      choices=list(PROBLEMS))
+                      choices=list(PROBLEMS), help='problems to run')
   parser.add_argument('--configs', nargs='+', default=list(CONFIGS),
                       help='states to run (fp32 always runs)')
   parser.add_argument('--seeds', type=int, nargs='+', default=None,

@@ -93,7 +93,9 @@ def _codecs(name, mu, nu, **extra):
       name, lambda fp32: optax_q.adamw(
           LR, **(_moments(fp32, 'mu_format', 'nu_format') if fp32 else kw),
           min_size=MIN_SIZE),
-      lambda: optax.adamw(LR), (optax_q.adamw, kw, ()))
+      # Rounding in preconditioner space puts eps in the format: static.
+      lambda: optax.adamw(LR), (optax_q.adamw, kw, (
+          ('eps',) if kw['rounding'] == 'preconditioner' else ())))
 
 
 CASES = (
