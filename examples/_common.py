@@ -31,6 +31,7 @@ import os
 import pathlib
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 from typing import Any
@@ -314,6 +315,19 @@ def inner_state(state: Any) -> Any:
 
 # The fidelity of a float32 run to its own twin, without running the twin.
 BASELINE_FIDELITY = dict(norm_ratio=1.0, cosine=1.0, weight_distance=0.0)
+FIDELITY = tuple(BASELINE_FIDELITY)
+
+
+def fidelity_means(rows) -> dict[str, float]:
+  """Mean over ``rows`` of each fidelity field they have: rows written
+  without fidelity (older results, the peers) have none of them, and a
+  field no row has is left out."""
+  out = {}
+  for key in FIDELITY:
+    xs = [r[key] for r in rows if r.get(key) is not None]
+    if xs:
+      out[key] = statistics.fmean(xs)
+  return out
 
 
 def fidelity_fields(state: Any) -> dict[str, float]:

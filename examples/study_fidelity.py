@@ -122,28 +122,20 @@ LM = _common.RunConfig(d_model=64, num_layers=1, num_heads=4, seq_len=64,
 
 
 def teacher_student(seed, steps=1500):
-  kt, ks, kx = jax.random.split(jax.random.key(seed), 3)
-  teacher = study_lowbit._init(  # pylint: disable=protected-access
-      kt, (64, 256, 256, 10), gain=2.0)
-  x = jax.random.normal(kx, (1024, 64))
-  y = study_lowbit._mlp(teacher, x)  # pylint: disable=protected-access
-  params = study_lowbit._init(  # pylint: disable=protected-access
-      ks, (64, 256, 256, 10))
-  loss = lambda p, d: jnp.mean(
-      (study_lowbit._mlp(p, d[0]) - d[1]) ** 2)  # pylint: disable=protected-access
-  return params, (x, y), lambda p, d, _: loss(p, d), loss, steps, 1e-3, 100
+  params, x, y = study_lowbit.teacher_student_data(seed)
+  return (params, (x, y), lambda p, d, _: study_lowbit.mse(p, *d),
+          lambda p, d: study_lowbit.mse(p, *d), steps, 1e-3, 100)
 
 
 def _cross_entropy(p, x, y):
-  logits = study_lowbit._mlp(p, x)  # pylint: disable=protected-access
-  return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+  return optax.softmax_cross_entropy_with_integer_labels(
+      study_lowbit.mlp(p, x), y).mean()
 
 
 def digits(seed, steps=500):
   split = data.load_digits()
   x, y = jnp.asarray(split.x_train), jnp.asarray(split.y_train)
-  params = study_lowbit._init(  # pylint: disable=protected-access
-      jax.random.key(seed), (64, 256, 256, 10))
+  params = study_lowbit.init_mlp(jax.random.key(seed))
   rng = np.random.default_rng(seed)
   index = jnp.asarray(np.stack([rng.choice(len(x), 128, replace=False)
                                 for _ in range(steps)]))

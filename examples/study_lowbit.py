@@ -55,6 +55,7 @@ import optax_q
 
 BLOCK = 128
 EPS = 1e-8
+SIZES = (64, 256, 256, 10)  # The teacher's and the student's MLP.
 # A name ending in ' pow2' uses shared power-of-two scales (one byte per
 # block) instead of float32 ones, one ending in ' rank1' rank-1
 # normalisation (a float32 maximum per row and per column, Li et al. 2023);
@@ -185,14 +186,17 @@ def codec_error(seed: int = 0, shape=(256, 1024)):
 # ----------------------------------------------------------------------------
 
 
-def _mlp(params, x):
+def mlp(params, x):
+  """A tanh MLP of ``[(w, b), ...]`` (no activation after the last)."""
   for w, b in params[:-1]:
     x = jnp.tanh(x @ w + b)
   w, b = params[-1]
   return x @ w + b
 
 
-def _init(key, sizes, gain=1.0):
+def init_mlp(key, sizes=SIZES, gain=1.0):
+  """``[(w, b), ...]`` of ``sizes``: ``w ~ N(0, gain^2 / fan_in)``, zero
+  ``b``."""
   params = []
   for k, (n_in, n_out) in zip(jax.random.split(key, len(sizes) - 1),
                               zip(sizes[:-1], sizes[1:])):
@@ -201,14 +205,22 @@ def _init(key, sizes, gain=1.0):
   return params
 
 
+def teacher_student_data(seed: int, batch: int = 1024):
+  """(student params, inputs, teacher outputs) of one seed's problem."""
+  kt, ks, kx = jax.random.split(jax.random.key(seed), 3)
+  x = jax.random.normal(kx, (batch, SIZES[0]))
+  return init_mlp(ks), x, mlp(init_mlp(kt, gain=2.0), x)
+
+
+def mse(params, x, y):
+  """The student's mean squared error on the teacher's outputs."""
+  return jnp.mean((mlp(params, x) - y) ** 2)
+
+
 def teacher_student_problem(seed: int, batch: int = 1024):
   """(student params, loss function) of one seed's problem."""
-  kt, ks, kx = jax.random.split(jax.random.key(seed), 3)
-  teacher = _init(kt, (64, 256, 256, 10), gain=2.0)
-  x = jax.random.normal(kx, (batch, 64))
-  y = _mlp(teacher, x)
-  loss = lambda p: jnp.mean((_mlp(p, x) - y) ** 2)
-  return _init(ks, (64, 256, 256, 10)), loss
+  params, x, y = teacher_student_data(seed, batch)
+  return params, lambda p: mse(p, x, y)
 
 
 def make_optimizer(mu, nu, resets, *, seed, scale_mode=None):
@@ -295,13 +307,10 @@ def _torch_optimizer(name, params):
 def train_teacher_student_torch(name, seed, steps):
   """The teacher-student run of ``seed`` with a PyTorch optimizer."""
   import torch  # pylint: disable=g-import-not-at-top
-  kt, ks, kx = jax.random.split(jax.random.key(seed), 3)
-  teacher = _init(kt, (64, 256, 256, 10), gain=2.0)
-  x = jax.random.normal(kx, (1024, 64))
+  student, x, y = teacher_student_data(seed)
   t = lambda a: torch.tensor(np.asarray(a), dtype=torch.float32)
-  xt, yt = t(x), t(_mlp(teacher, x))
-  params = [torch.nn.Parameter(t(a)) for layer in _init(ks, (
-      64, 256, 256, 10)) for a in layer]
+  xt, yt = t(x), t(y)
+  params = [torch.nn.Parameter(t(a)) for layer in student for a in layer]
 
   def loss():
     h = xt
@@ -359,21 +368,15 @@ def summarize(rows):
         all_bits=r['state_bits_per_element'], losses=[], ratios=[]))
     s['losses'].append(r['final_loss'])
     s['ratios'].append(r['final_loss'] / base[r['seed']])
-    for key in FIDELITY:
-      s.setdefault(key + 's', []).append(r.get(key))
   for s in out.values():
-    for key in FIDELITY:
-      values = s.pop(key + 's')
-      s[key] = (None if None in values else statistics.fmean(values))
+    s.update(_common.fidelity_means(
+        [r for r in rows if r['config'] == s['config']]))
     if s['bits'] != s['bits']:  # No quantized leaf (fp32): NaN.
       s['bits'] = None
     s['mean_loss'] = statistics.fmean(s['losses'])
     s['ratio'] = statistics.fmean(s['ratios'])
     s['ratio_max'] = max(s['ratios'])
   return list(out.values())
-
-
-FIDELITY = ('norm_ratio', 'cosine', 'weight_distance')
 
 
 # ----------------------------------------------------------------------------
@@ -436,7 +439,7 @@ def render_markdown(result):
   train = [(s['config'], _bits(s['bits']), f'{s["all_bits"]:.2f}',
             f'{s["mean_loss"]:.3e}', f'{s["ratio"]:.2f}',
             f'{s["ratio_max"]:.2f}',
-            *(_bits(s.get(key)) for key in FIDELITY))
+            *(_bits(s.get(key)) for key in _common.FIDELITY))
            for s in result['summary']]
   notes = ''.join(f'\n- {k}: {v}' for k, v in
                   meta.get('peer_notes', {}).items())

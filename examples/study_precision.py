@@ -107,21 +107,6 @@ def _std(xs):
   return statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
-# Fidelity to the float32 twin (`_common.run(..., fidelity=True)`): rows
-# written without it (older results) have none of these.
-FIDELITY = ('norm_ratio', 'cosine', 'weight_distance')
-
-
-def _fidelity_means(rows):
-  """Mean over the rows of each fidelity field they have (none: ``{}``)."""
-  out = {}
-  for key in FIDELITY:
-    xs = [r[key] for r in rows if r.get(key) is not None]
-    if xs:
-      out[key] = statistics.fmean(xs)
-  return out
-
-
 def summarize(rows):
   """Per-configuration aggregates and the paired gap to fp32."""
   by = {}
@@ -156,7 +141,7 @@ def summarize(rows):
             r['step_ms_median'] for r in seeds.values()),
         step_ratio_to_fp32=(statistics.median(ratios) if ratios
                             else math.nan),
-        **_fidelity_means(seeds.values()),
+        **_common.fidelity_means(seeds.values()),
     )
     summary.update(verdict(name, summary))
     out.append(summary)
@@ -192,7 +177,8 @@ def render_markdown(meta, summary):
   when a configuration has fidelity, so results written without it render
   as they always did.
   """
-  fidelity = any(s.get(key) is not None for s in summary for key in FIDELITY)
+  fidelity = any(s.get(key) is not None for s in summary
+                 for key in _common.FIDELITY)
   header = ('config', 'bits/elem', 'state bytes', 'final val loss',
             'gap to fp32 (same seeds)', 'rel. gap',
             *(('norm ratio', 'cosine', 'weight distance') if fidelity
@@ -210,8 +196,8 @@ def render_markdown(meta, summary):
          f"{s['mean_gap']:+.4f} ± {s['std_gap']:.4f}"),
         ('—' if s['config'] == 'fp32' else
          f"{100 * s['mean_rel_gap']:+.2f}%"),
-        *((_fidelity_cell(s.get(key)) for key in FIDELITY) if fidelity
-          else ()),
+        *((_fidelity_cell(s.get(key)) for key in _common.FIDELITY)
+          if fidelity else ()),
         f"{s['step_ms_median']:.0f} ({s['step_ratio_to_fp32']:.2f}x)",
         s['target'], met))
   fidelity_text = (

@@ -183,6 +183,14 @@ class DropInTest(parameterized.TestCase):
     names = [q.fmt.name for q in optax_q.quantized_leaves(state).values()]
     self.assertCountEqual(names, ['nf4', 'ue4m0@rsqrt+1e-06'])
 
+  def test_float32_second_moment_has_nothing_to_round(self):
+    # Accepted at construction and at init alike: fp32 stays an array.
+    tx = optax_q.adamw(1e-3, mu_format='nf4', nu_format='fp32',
+                       rounding='preconditioner', min_size=0)
+    state = tx.init({'w': jnp.zeros((4, 256))})
+    names = [q.fmt.name for q in optax_q.quantized_leaves(state).values()]
+    self.assertEqual(names, ['nf4'])
+
   @parameterized.parameters('shampoo', 'soap')
   def test_second_order_declare_their_grafting_eps(self, name):
     tx = getattr(optax_q, name)(1e-3, eps=1e-7, mu_format='nf4',

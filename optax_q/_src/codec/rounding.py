@@ -272,31 +272,16 @@ def round_to_table(
 
   ``offset`` (an array broadcasting against ``x``, with ``space='rsqrt'``)
   is the ``c`` of the space ``-1/(sqrt(x) + c)``: it differs from block to
-  block, so the fraction is computed from the bracketing entries rather
-  than from thresholds found once.
+  block, so nearest rounding too takes the fraction from the bracketing
+  entries rather than thresholds found once.
   """
-  if offset is not None:
-    # Preconditioner space with a per-block offset: the bracketing entries
-    # (the floor index is the same in every increasing space), then the
-    # fraction there.
-    t = np.asarray(table, np.float32) if isinstance(table, tuple) else table
-    x = jnp.clip(x, t[0], t[-1])
-    if isinstance(table, tuple):
-      lo = _static_index(x, table, 'floor')
-    else:
-      lo = jnp.clip(jnp.searchsorted(t, x, side='right', method='scan') - 1,
-                    0, t.shape[0] - 2).astype(jnp.int32)
-    frac = _fraction(x, lookup(t, lo), lookup(t, lo + 1), space,
-                     offset=offset)
-    up = frac > 0.5 if u is None else u < frac
-    return lo + up.astype(jnp.int32)
   if isinstance(table, tuple):
     # A static table: the exact index function (`_static_index`); rounding
     # stochastically, the bracketing entries are selected by the floor
     # index (a chain of selections, or gathers for a bucketed table).
     t = np.asarray(table, np.float32)
     x = jnp.clip(x, t[0], t[-1])
-    if u is None:
+    if u is None and offset is None:
       mode = 'nearest_even' if ties == 'even' else 'nearest'
       return _static_index(x, table, mode, space)
     lo = _static_index(x, table, 'floor')
@@ -315,14 +300,19 @@ def round_to_table(
         # `_static_index`): the gap to the next entry from a table.
         return lo + (u < (x - lo_v) / lookup(gaps, lo)).astype(jnp.int32)
       hi_v = lookup(t, lo + 1)
-    return lo + (u < _fraction(x, lo_v, hi_v, space)).astype(jnp.int32)
+    frac = _fraction(x, lo_v, hi_v, space, offset=offset)
+    # Nearest with an offset (no thresholds found once): the midpoint in
+    # the space.
+    up = frac > 0.5 if u is None else u < frac
+    return lo + up.astype(jnp.int32)
   # A traced table.
   n = table.shape[0]
   x = jnp.clip(x, table[0], table[-1])
   # Index of the last entry <= x (binary search over the sorted table).
   lo = jnp.clip(jnp.searchsorted(table, x, side='right', method='scan') - 1,
                 0, n - 2).astype(jnp.int32)
-  frac = _fraction(x, lookup(table, lo), lookup(table, lo + 1), space)
+  frac = _fraction(x, lookup(table, lo), lookup(table, lo + 1), space,
+                   offset=offset)
   if u is None:
     up = frac > 0.5
   else:

@@ -78,13 +78,22 @@ def is_int(value: Any) -> bool:
           and not isinstance(value, (bool, np.bool_)))
 
 
+class ArgumentTypeError(TypeError, ValueError):
+  """An argument of the wrong type: a ``TypeError``, and a ``ValueError``
+  as every other bad argument of the library."""
+
+
 def check_transform(inner: Any, name: str = 'inner') -> Any:
   """An Optax gradient transformation (with ``init`` and ``update``)."""
   if not (callable(getattr(inner, 'init', None))
           and callable(getattr(inner, 'update', None))):
-    raise ValueError(
+    got = type(inner).__name__
+    if callable(inner):
+      got = (f'the callable {getattr(inner, "__qualname__", got)} (a '
+             'factory? call it first, e.g. optax.adamw(1e-3))')
+    raise ArgumentTypeError(
         f'{name} must be an Optax GradientTransformation (with init and '
-        f'update), got {type(inner).__name__}.')
+        f'update), got {got}.')
   return inner
 
 

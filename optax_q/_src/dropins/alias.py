@@ -219,12 +219,8 @@ def adam_with_resets(
     nesterov: Nesterov momentum.
     formats: ``{'mu': format, 'nu': format}`` as for
       [`quantize_state`][optax_q.quantize_state].
-    rounding: ``'nearest'``, ``'stochastic'``, or ``'preconditioner'``
-      (the second moment rounded stochastically so that Adam's
-      ``1/(sqrt(v) + eps)``, not ``v``, is unbiased: see
-      [`in_preconditioner_space`][optax_q.in_preconditioner_space]; its
-      format must be a codebook, such as ``ue4m0``, ``int3_mulaw`` or
-      ``int8_dynamic``), or a dict per moment.
+    rounding: ``'nearest'``, ``'stochastic'`` or ``'preconditioner'``, or
+      a dict per moment, as for [`adamw`][optax_q.adamw].
     block_size: Elements per scale along the last axis (None: 128).
     seed: Seed of the stochastic rounding (None: 0).
     min_size: Leaves with fewer elements keep float32 state (they are still
@@ -485,12 +481,8 @@ def adam(
       [`get_format`][optax_q.get_format]).
     nu_format: Format of the second moment (unsigned variants allowed;
       not the first-moment grids ``'nf4'`` and ``'nf3'``).
-    rounding: ``'nearest'``, ``'stochastic'``, or ``'preconditioner'``
-      (the second moment rounded stochastically so that Adam's
-      ``1/(sqrt(v) + eps)``, not ``v``, is unbiased: see
-      [`in_preconditioner_space`][optax_q.in_preconditioner_space]; its
-      format must be a codebook, such as ``ue4m0``, ``int3_mulaw`` or
-      ``int8_dynamic``), or a dict per moment.
+    rounding: ``'nearest'``, ``'stochastic'`` or ``'preconditioner'``, or
+      a dict per moment, as for [`adamw`][optax_q.adamw].
     block_size: Elements per scale along the last axis; None: 128.
     seed: Seed of the stochastic rounding; None: 0.
     min_size: Leaves with fewer elements keep float32 state; None: 4096.

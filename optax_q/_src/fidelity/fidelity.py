@@ -276,20 +276,6 @@ def _float32_copy(tree: Any) -> Any:
       tree)
 
 
-def _check_transform(value: Any, name: str) -> None:
-  if callable(getattr(value, 'init', None)) and callable(
-      getattr(value, 'update', None)):
-    return
-  if callable(value):
-    got = (f'the callable {getattr(value, "__qualname__", type(value))} (a '
-           'factory? call it first, e.g. optax.adamw(1e-3))')
-  else:
-    got = validation.short(value)
-  raise TypeError(
-      f'track_fidelity: {name} must be an Optax GradientTransformation '
-      f'(with init and update), got {got}.')
-
-
 def track_fidelity(
     tx: optax.GradientTransformation,
     reference: optax.GradientTransformation,
@@ -381,8 +367,8 @@ def track_fidelity(
     Dettmers et al, [8-bit Optimizers via Block-wise
     Quantization](https://arxiv.org/abs/2110.02861), 2022
   """
-  _check_transform(tx, 'tx')
-  _check_transform(reference, 'reference')
+  validation.check_transform(tx, 'tx')
+  validation.check_transform(reference, 'reference')
   steps = validation.check_int(
       steps, 'steps', low=1, high=validation.MAX_PERIOD,
       what='a positive int (in [1, 2**31 - 1]; not a bool)')
@@ -432,24 +418,27 @@ def track_fidelity(
     ref_updates, ref_state = jax.lax.cond(
         recording, run_reference, skip_reference, state.reference_state)
 
-    def record(state):
+    def record(ref_params, records):
       ref_params = jax.tree.map(
           lambda p, r: p + jnp.asarray(r, _F32) if _is_float(p) else p,
-          state.reference_params, ref_updates)
+          ref_params, ref_updates)
       fid = update_fidelity(new_updates, ref_updates)
-      distance = weight_distance(optax.apply_updates(params, new_updates),
-                                 ref_params, state.initial_params)
-      k = state.count
-      return state._replace(
-          reference_params=ref_params,
-          norm_ratio=state.norm_ratio.at[k].set(fid.norm_ratio),
-          cosine=state.cosine.at[k].set(fid.cosine),
-          weight_distance=state.weight_distance.at[k].set(distance))
+      values = dict(
+          norm_ratio=fid.norm_ratio, cosine=fid.cosine,
+          weight_distance=weight_distance(
+              optax.apply_updates(params, new_updates), ref_params,
+              state.initial_params))
+      return ref_params, {name: records[name].at[state.count].set(
+          values[name]) for name in METRICS}
 
-    state = jax.lax.cond(recording, record, lambda s: s, state)
+    # Only what recording changes passes through the conditional.
+    ref_params, records = jax.lax.cond(
+        recording, record, lambda *kept: kept, state.reference_params,
+        {name: getattr(state, name) for name in METRICS})
     return new_updates, state._replace(
         inner_state=inner_state, reference_state=ref_state,
-        count=optax.safe_increment(state.count))
+        reference_params=ref_params, count=optax.safe_increment(state.count),
+        **records)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

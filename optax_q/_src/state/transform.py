@@ -269,22 +269,6 @@ class StorageConfig:
                                        kernels.KERNELS))
     checked['preconditioner'] = _check_preconditioner(
         self.preconditioner, rounding)
-    formats = checked['formats']
-    for field, eps in checked['preconditioner'].items():
-      # A format known now must round in preconditioner space (those a
-      # callable gives are checked leaf by leaf at ``init``).
-      fmt = (formats.get(field) if isinstance(formats, Mapping) else
-             formats if isinstance(formats, Format) else None)
-      if fmt is not None and not fmt.is_identity and (
-          leaf_rounding(rounding, field) == 'preconditioner'):
-        name = 'formats' if isinstance(formats, Format) else (
-            f'formats[{field!r}]')
-        try:
-          formats_lib.in_preconditioner_space(fmt, eps)
-        except ValueError as e:
-          raise ValueError(
-              f"{name}={fmt.name!r} with rounding='preconditioner': {e}"
-          ) from None
     if checked['kernel'] == 'pallas' and checked['track_stalls']:
       raise ValueError(
           "kernel='pallas' does not count stalled codes: pass "
@@ -310,6 +294,13 @@ class StorageConfig:
           qarray_lib.check_layout(fmt, mode, name)
     for name, value in checked.items():
       object.__setattr__(self, name, value)
+    # A format known now must round in its field's space (those a callable
+    # gives are checked leaf by leaf at ``init``).
+    for field in self.preconditioner:
+      fmt = (self.formats.get(field) if isinstance(self.formats, Mapping)
+             else self.formats if isinstance(self.formats, Format) else None)
+      if fmt is not None:
+        self.in_rounding_space(field, fmt)
 
   def check_fields(self, inner: optax.GradientTransformation) -> None:
     """Raises if ``formats``, ``rounding`` or declared ``nonnegative_fields``
@@ -352,6 +343,19 @@ class StorageConfig:
       return None
     return rounding_lib.stream_key(self.seed, count, index)
 
+  def in_rounding_space(self, field: str, fmt: Format) -> Format:
+    """``fmt`` for ``field`` rounded in Adam's preconditioner space where
+    ``rounding`` says so (a float32 field has nothing to round)."""
+    if fmt.is_identity or self.rounding_for(field) != 'preconditioner':
+      return fmt
+    try:
+      return formats_lib.in_preconditioner_space(
+          fmt, self.preconditioner[field])
+    except ValueError as e:
+      raise ValueError(
+          f"rounding='preconditioner' for state field {field!r}: {e}"
+      ) from None
+
   def format_for(self, path, leaf, root=None) -> Format | None:
     """The format of one state leaf, or None to keep it as it is."""
     name = state_tree.field_name(path, root)
@@ -367,13 +371,7 @@ class StorageConfig:
     if fmt is None:
       return None
     if self.rounding_for(name) == 'preconditioner':
-      try:
-        return formats_lib.in_preconditioner_space(
-            fmt, self.preconditioner[name])
-      except ValueError as e:
-        raise ValueError(
-            f"rounding='preconditioner' for state field {name!r}: {e}"
-        ) from None
+      return self.in_rounding_space(name, fmt)
     if name in self.nonnegative_fields:
       return formats_lib.unsigned_variant(fmt)
     if not fmt.signed:
