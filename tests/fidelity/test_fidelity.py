@@ -169,6 +169,22 @@ class UpdateFidelityTest(parameterized.TestCase):
     self.assertEqual(float(_update_fidelity(
         {'w': 1e-30 * x}, {'w': 1e30 * y}).norm_ratio), 0.0)
 
+  def test_near_float32_max(self):
+    # A largest magnitude above 2**126, whose reciprocal is subnormal.
+    fid = _update_fidelity({'w': jnp.array([3e38, -3e38])},
+                           {'w': jnp.ones(2)})
+    np.testing.assert_allclose(float(fid.norm_ratio), 3e38, rtol=1e-6)
+    self.assertEqual(float(fid.cosine), 0.0)
+    self.assertEqual(float(_update_fidelity(
+        {'w': jnp.array([3e38, 3e38])}, {'w': jnp.array([1e-38, 0.0])}
+    ).norm_ratio), _MAX)
+    fid = _update_fidelity({'w': jnp.array([3e38, 1e38])},
+                           {'w': jnp.array([3e38, 1e38])})
+    self.assertEqual((float(fid.norm_ratio), float(fid.cosine)), (1.0, 1.0))
+    self.assertEqual(float(_weight_distance(
+        {'w': jnp.array([3e38, 0.0])}, {'w': jnp.array([3e38, 0.0])},
+        {'w': jnp.zeros(2)})), 0.0)
+
   def test_structure_mismatch(self):
     with self.assertRaisesRegex(ValueError, 'reference_updates.*structure'):
       _update_fidelity({'a': jnp.ones(2)}, {'b': jnp.ones(2)})

@@ -114,12 +114,21 @@ def _leaves_like(tree: Any, other: Any, name: str, like: str) -> list[Any]:
 
 
 def _scaled(leaves: list[jax.Array]) -> tuple[jax.Array, list[jax.Array]]:
-  """``(a, leaves / a)`` with ``a`` the largest magnitude (1 if it is 0)."""
+  """``(e, leaves / 2**e)`` with ``2**e`` the power of two at or above the
+  largest magnitude (``e = 0`` for zeros): the largest scaled magnitude is
+  in ``[0.5, 1)``, so sums of squares neither overflow nor underflow.
+
+  The power of two is applied exactly, as two products with normal
+  factors: ``2**-e`` alone is subnormal (flushed to zero on CPU) above
+  ``2**126``, and XLA turns a division into a product with the reciprocal.
+  """
   a = jnp.zeros([], _F32)
   for x in leaves:
     a = jnp.maximum(a, jnp.max(jnp.abs(x), initial=0.0))
-  safe = jnp.where(a > 0, a, 1.0)
-  return a, [x / safe for x in leaves]
+  _, e = jnp.frexp(jnp.where(a > 0, a, 1.0))
+  one = jnp.float32(1.0)
+  down, rest = jnp.ldexp(one, -(e // 2)), jnp.ldexp(one, e // 2 - e)
+  return e, [(x * down) * rest for x in leaves]
 
 
 def _sum_of_squares(xs: list[jax.Array]) -> jax.Array:
@@ -129,37 +138,36 @@ def _sum_of_squares(xs: list[jax.Array]) -> jax.Array:
   return total
 
 
-def _norm_ratio(a_x, sx, a_y, sy, both_zero: float) -> jax.Array:
+def _norm_ratio(e_x, sx, e_y, sy, both_zero: float) -> jax.Array:
   """``||x|| / max(||y||, tiny)``, finite, from the scaled sums of squares
-  (``||x|| = a_x sqrt(sx)``); ``both_zero`` when both trees are zero."""
-  x_zero, y_zero = a_x == 0, a_y == 0
+  (``||x|| = 2**e_x sqrt(sx)``); ``both_zero`` when both trees are zero
+  (a sum of zero: subnormals flushed count as zero)."""
+  x_zero, y_zero = sx == 0, sy == 0
   ratio = jnp.where(
-      y_zero, a_x / _TINY * jnp.sqrt(sx),
-      a_x / jnp.where(y_zero, 1.0, a_y)
-      * jnp.sqrt(sx / jnp.where(y_zero, 1.0, sy)))
+      y_zero, jnp.ldexp(jnp.sqrt(sx), e_x + 126),  # tiny is 2**-126
+      jnp.ldexp(jnp.sqrt(sx / jnp.where(y_zero, 1.0, sy)), e_x - e_y))
   ratio = jnp.minimum(ratio, _MAX)
   return jnp.where(x_zero, jnp.where(y_zero, both_zero, 0.0),
                    ratio).astype(_F32)
 
 
 def _fidelity(u: list[jax.Array], r: list[jax.Array]) -> UpdateFidelity:
-  a_u, u = _scaled(u)
-  a_r, r = _scaled(r)
+  e_u, u = _scaled(u)
+  e_r, r = _scaled(r)
   s_u, s_r = _sum_of_squares(u), _sum_of_squares(r)
   # The cosine from the distance between the scaled trees (the cosine of
   # the trees themselves): exactly 1 where they are equal, however XLA
-  # orders the sums. Each scaled tree holds a +-1, so s_u, s_r >= 1 unless
-  # it is zero.
+  # orders the sums.
   s_d = _sum_of_squares([x - y for x, y in zip(u, r)])
-  u_zero, r_zero = a_u == 0, a_r == 0
-  one_zero = u_zero | r_zero
+  one_zero = (s_u == 0) | (s_r == 0)
   cosine = jnp.clip(
       (s_u + s_r - s_d) / (2 * jnp.sqrt(jnp.where(one_zero, 1.0, s_u * s_r))),
       -1.0, 1.0)
   cosine = jnp.where(s_d == 0, 1.0, jnp.where(one_zero, 0.0, cosine))
-  ratio = _norm_ratio(a_u, s_u, a_r, s_r, both_zero=1.0)
+  ratio = _norm_ratio(e_u, s_u, e_r, s_r, both_zero=1.0)
   return UpdateFidelity(
-      norm_ratio=jnp.where((s_d == 0) & (a_u == a_r), 1.0, ratio).astype(_F32),
+      norm_ratio=jnp.where((s_d == 0) & (e_u == e_r), 1.0,
+                           ratio).astype(_F32),
       cosine=cosine.astype(_F32))
 
 
@@ -262,9 +270,9 @@ def weight_distance(
       y = jnp.asarray(y, _F32)
       off.append(jnp.asarray(x, _F32) - y)
       moved.append(y - jnp.asarray(z, _F32))
-  a_off, off = _scaled(off)
-  a_moved, moved = _scaled(moved)
-  return _norm_ratio(a_off, _sum_of_squares(off), a_moved,
+  e_off, off = _scaled(off)
+  e_moved, moved = _scaled(moved)
+  return _norm_ratio(e_off, _sum_of_squares(off), e_moved,
                      _sum_of_squares(moved), both_zero=0.0)
 
 
