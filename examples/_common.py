@@ -339,6 +339,81 @@ def fidelity_fields(state: Any) -> dict[str, float]:
               weight_distance=summary['weight_distance']['last'])
 
 
+def add_fidelity_argument(parser: argparse.ArgumentParser) -> None:
+  """Adds ``--add-fidelity``: the studies' way to give a published result
+  fidelity columns without rerunning every seed (see :func:`merge_fidelity`).
+  """
+  parser.add_argument(
+      '--add-fidelity', action='store_true',
+      help='rerun the given --seeds (and configurations) beside their '
+      'float32 twins and add their fidelity (update-norm ratio, cosine, '
+      'weight distance) to the published rows of the same configuration and '
+      'seed in <out>/<name>.json, checking that each rerun reproduces the '
+      'published loss; the other fields of the published result are kept')
+
+
+def merge_fidelity(published: list[dict[str, Any]],
+                   measured: Sequence[dict[str, Any]], *,
+                   keys: Sequence[str] = ('config', 'seed'),
+                   loss: str = 'final_val_loss',
+                   command: str, seeds: Sequence[int]) -> dict[str, Any]:
+  """Copies the fidelity fields of ``measured`` rows into ``published``.
+
+  Each measured row (a rerun of one published run beside its float32 twin,
+  ``optax_q.track_fidelity``, whose applied updates are the optimizer's bit
+  for bit) is matched with the published row of the same ``keys``; the
+  rerun's ``loss`` is compared with the published one, so a result page can
+  say whether its fidelity comes from the very runs it quotes (equal
+  losses) or from reruns that moved (different code since, or a
+  nondeterministic step). Rows without a match raise: fidelity is never
+  attached to a run that was not published.
+
+  Returns the record to keep in the result's metadata: the command, the
+  revision, the date, the seeds, how many rows got fidelity, how many of
+  their losses were equal and the largest relative difference.
+  """
+  index = {tuple(r[k] for k in keys): r for r in published}
+  equal, worst = 0, 0.0
+  for row in measured:
+    key = tuple(row[k] for k in keys)
+    if key not in index:
+      raise KeyError(f'no published row for {dict(zip(keys, key))}')
+    target = index[key]
+    for field in FIDELITY:
+      target[field] = row[field]
+    before, after = target.get(loss), row.get(loss)
+    if before is not None and after is not None:
+      if before == after:
+        equal += 1
+      elif np.isfinite(before) and np.isfinite(after):
+        worst = max(worst, abs(after - before) / max(abs(before), 1e-30))
+      else:
+        worst = float('inf')
+  return dict(command=command, git_revision=git_revision(), date=now_utc(),
+              machine=machine(), seeds=list(seeds), rows=len(measured),
+              loss_equal=equal, loss_max_relative_difference=worst)
+
+
+def fidelity_provenance(record: dict[str, Any] | None) -> str:
+  """One sentence for a results page on where its fidelity columns come
+  from: the published runs themselves, or reruns added later
+  (:func:`merge_fidelity`'s record)."""
+  if not record:
+    return ''
+  same = record['loss_equal'] == record['rows']
+  return (
+      f"Fidelity was added by `{record['command']}` "
+      f"({record['git_revision']}, {record['date'][:10]}): seeds "
+      f"{record['seeds']} rerun beside their float32 twins; "
+      + (f"all {record['rows']} reruns reproduced the published loss bit for "
+         'bit, so the fidelity is that of the runs in the table'
+         if same else
+         f"{record['loss_equal']} of {record['rows']} reruns reproduced the "
+         'published loss bit for bit, the others within a relative '
+         f"{record['loss_max_relative_difference']:.1e}")
+      + '. Columns without a value: runs not rerun.')
+
+
 # ----------------------------------------------------------------------------
 # Memory accounting.
 # ----------------------------------------------------------------------------
