@@ -202,13 +202,17 @@ def render_markdown(meta, summary):
         s['target'], met))
   fidelity_text = (
       " Fidelity to a float32 AdamW twin fed the same gradients and params "
-      "(`optax_q.track_fidelity`, mean over seeds): the median over steps "
+      "(`optax_q.track_fidelity`, mean over the seeds that have it): the "
+      "median over steps "
       "of the update-norm ratio (above one: larger steps than float32's) "
       "and of the update cosine, and the final distance from the twin's "
       "weights relative to how far the twin moved; fp32 is its own twin "
       "(1, 1, 0). A loss below fp32's with a norm ratio above one is a "
-      "larger effective step, not more precision. The step times of the "
-      "tracked runs include the twin's (`--no-fidelity` times them alone)."
+      "larger effective step, not more precision. "
+      + ("The step times are the published runs', without the twin."
+         if meta.get('fidelity') else
+         "The step times of the tracked runs include the twin's "
+         "(`--no-fidelity` times them alone).")
       if fidelity else '')
   cfg = meta['run_config']
   n_seeds = len(meta['seeds'])
@@ -233,6 +237,8 @@ def render_markdown(meta, summary):
       f'seeds of each run\'s median step (compilation excluded), runs one '
       f'after another on the same machine, so only ratios mean much.'
       f'{fidelity_text}',
+      *(('', _common.fidelity_provenance(meta['fidelity']))
+        if meta.get('fidelity') else ()),
       '',
       f"- Command: `{meta['command']}`",
       f"- Revision: `{meta['git_revision']}`; date: {meta['date']}; "
@@ -346,8 +352,10 @@ def make_parser() -> argparse.ArgumentParser:
                       'about half an hour')
   parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2],
                       help='seeds; each runs every config')
-  parser.add_argument('--configs', nargs='+', default=list(CONFIGS),
-                      help="'fp32' first, then <mu>[+<nu>]/<rn|sr>")
+  parser.add_argument('--configs', nargs='+', default=None,
+                      help="'fp32' first, then <mu>[+<nu>]/<rn|sr> (default: "
+                      'the study\'s list; with --add-fidelity, the published '
+                      "result's)")
   _common.add_out_argument(parser, __file__)
   parser.add_argument(
       '--name', default=NAME,
@@ -369,6 +377,7 @@ def make_parser() -> argparse.ArgumentParser:
       help='train each low-precision run beside its float32 twin '
       '(optax_q.track_fidelity) and report the norm ratio, cosine and '
       'weight distance; the step times then include the twin')
+  _common.add_fidelity_argument(parser)
   parser.add_argument('--data', default=None,
                       help='train on this text file instead of the stdlib')
   # Overrides of the mode's model and schedule (for smoke tests).
@@ -383,15 +392,18 @@ def main(argv=None):
   args = parser.parse_args(argv)
   overrides = {k: v for k in OVERRIDES if (v := getattr(args, k)) is not None}
   cfg = dataclasses.replace(MODES[args.mode], **overrides)
-  if args.configs[0] != 'fp32':
-    parser.error("the first config must be 'fp32' (the baseline)")
-  opts = [_common.parse_config(c) for c in args.configs]
   out = pathlib.Path(args.out)
   if args.render:
     result = json.loads((out / f'{args.name}.json').read_text())
     result['summary'] = summarize(result['rows'])
     print(write_outputs(result, out, args.doc, args.name))
     return result
+  if args.add_fidelity:
+    return add_fidelity(args, argv, out)
+  args.configs = args.configs or list(CONFIGS)
+  if args.configs[0] != 'fp32':
+    parser.error("the first config must be 'fp32' (the baseline)")
+  opts = [_common.parse_config(c) for c in args.configs]
   out.mkdir(parents=True, exist_ok=True)
   partial = out / f'{args.name}.partial.json'
 
@@ -448,6 +460,46 @@ def main(argv=None):
   md = write_outputs(result, out, args.doc, args.name)
   partial.unlink(missing_ok=True)
   print()
+  print(md)
+  return result
+
+
+def add_fidelity(args, argv, out):
+  """``--add-fidelity``: reruns ``args.seeds`` of the published result
+  ``<out>/<name>.json`` beside float32 twins, with the run configuration and
+  corpus recorded there, and adds their fidelity to its rows
+  (``_common.merge_fidelity``); the rest of the result is kept."""
+  path = out / f'{args.name}.json'
+  result = json.loads(path.read_text())
+  cfg = _common.RunConfig(**result['run_config'])
+  corpus = _common.load_corpus(cfg, args.data)
+  if corpus.fingerprint != result['corpus']:
+    raise ValueError(f'{path} was trained on another corpus '
+                     f"({result['corpus']}); pass the same --data")
+  names = [c for c in (args.configs or result['configs']) if c != 'fp32']
+  unknown = sorted(set(names) - set(result['configs']))
+  if unknown:
+    raise ValueError(f'{path} has no configurations {unknown}')
+  model = _common.make_model(cfg)
+  eval_fn = _common.make_eval_fn(cfg, corpus)
+  measured = []
+  for seed in args.seeds:
+    for name in names:
+      row, _ = _common.run(_common.parse_config(name), cfg, corpus, seed=seed,
+                           model=model, eval_fn=eval_fn,
+                           progress=not args.no_progress, fidelity=True)
+      measured.append(row)
+      print(f"{name:18s} seed {seed}: val {row['final_val_loss']:.4f}, norm "
+            f"ratio {row['norm_ratio']:.3f}, cosine {row['cosine']:.3f}, "
+            f"weight distance {row['weight_distance']:.3f}", flush=True)
+  for row in result['rows']:
+    if row['config'] == 'fp32' and row['seed'] in args.seeds:
+      row.update(_common.BASELINE_FIDELITY)
+  result['fidelity'] = _common.merge_fidelity(
+      result['rows'], measured, command=_common.command_line(__file__, argv),
+      seeds=args.seeds)
+  result['summary'] = summarize(result['rows'])
+  md = write_outputs(result, out, args.doc, args.name)
   print(md)
   return result
 

@@ -204,6 +204,42 @@ class ExamplesTest(absltest.TestCase):
     self.assertIn('| `fp32` |', doc)
     self.assertTrue(doc.startswith('intro\n') and doc.endswith('outro\n'))
 
+  def test_study_add_fidelity_reproduces_the_published_runs(self):
+    # A result written without fidelity gets it from reruns of one seed:
+    # the reruns reproduce the published losses bit for bit, and their
+    # fidelity is what the tracked study itself measured.
+    out = self.dir / 'add_fidelity'
+    out.mkdir()
+    published = json.loads(
+        (self.dir / 'results' / 'precision.json').read_text())
+    stripped = json.loads(json.dumps(published))
+    for row in stripped['rows']:
+      for key in ('norm_ratio', 'cosine', 'weight_distance'):
+        row.pop(key)
+    (out / 'precision.json').write_text(json.dumps(stripped))
+    _quiet(study_precision.main, [
+        '--add-fidelity', '--seeds', '1', '--out', str(out), '--no-progress'])
+    res = json.loads((out / 'precision.json').read_text())
+    self.assertEqual(res['fidelity']['rows'], 1)
+    self.assertEqual(res['fidelity']['loss_equal'], 1)
+    self.assertEqual(res['fidelity']['seeds'], [1])
+    for row, before in zip(res['rows'], published['rows']):
+      if row['seed'] == 1:
+        self.assertEqual(row['norm_ratio'], before['norm_ratio'])
+        self.assertEqual(row['weight_distance'], before['weight_distance'])
+      else:
+        self.assertNotIn('norm_ratio', row)
+      self.assertEqual(row['final_val_loss'], before['final_val_loss'])
+      self.assertEqual(row['step_ms_median'], before['step_ms_median'])
+    md = (out / 'precision.md').read_text()
+    self.assertIn('| norm ratio | cosine | weight distance |', md)
+    self.assertIn('all 1 reruns reproduced the published loss bit for bit',
+                  md)
+    self.assertIn("The step times are the published runs'", md)
+    with self.assertRaisesRegex(ValueError, 'no configurations'):
+      study_precision.main(['--add-fidelity', '--configs', 'int4/sr',
+                            '--out', str(out), '--no-progress'])
+
   def test_study_render_refreshes_a_page_only_when_named(self):
     out = self.dir / 'render'
     out.mkdir()
