@@ -49,6 +49,7 @@ import _common  # noqa: E402
 import bench_step  # noqa: E402
 import demo  # noqa: E402
 import profile_step  # noqa: E402
+import scale_calibration  # noqa: E402
 import staleness_simulation  # noqa: E402
 import study_bits  # noqa: E402
 import study_eco  # noqa: E402
@@ -869,6 +870,15 @@ class SlowScriptsTest(_DocsUnchanged):
     self.assert_wrote('tiny.json', 'tiny.md', 'tiny.png')
     rows = json.loads((self.out / 'tiny.json').read_text())['rows']
     self.assertEqual([r['config'] for r in rows], ['fp32', 'fp8/nearest'])
+
+  def test_scale_calibration_writes_its_files(self):
+    result = _quiet(scale_calibration.main, [
+        '--steps', '3', '--seeds', '0', '--formats', 'nf4', '--out',
+        str(self.out)])[0]
+    self.assert_wrote('scale_calibration.json', 'scale_calibration.md')
+    self.assertLen(result['summary'], 4)  # 2 roundings, with and without.
+    for row in result['rows']:
+      self.assertGreater(row['cosine'], 0.0)
 
   def test_update_error_writes_its_files(self):
     # One format pair: measuring all of them takes minutes.
