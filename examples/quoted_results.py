@@ -224,7 +224,25 @@ def eco_summary() -> str:
       f"loss {ours['delta_pct']:+.2f}% from `{reference}` (master weights) "
       f"on a small GPT (width {run['d_model']}, {run['num_layers']} layers, "
       f"{result['meta']['steps']} steps, {len(result['meta']['seeds'])} "
-      f"seeds; `docs/results/eco.md`).\n")
+      f"seeds; `docs/results/eco.md`)."
+      f"{_eco_fidelity(ours, result['meta'].get('fidelity'))}\n")
+
+
+def _eco_fidelity(summary: dict, record: dict | None) -> str:
+  """The sentence on the fidelity of an ECO row ('' where not measured);
+  ``record``: how it was added to the published runs, if it was."""
+  if summary.get('cosine') is None:
+    return ''
+  seeds = (f"seed{'s' if len(record['seeds']) > 1 else ''} "
+           f"{', '.join(map(str, record['seeds']))}" if record else
+           'mean over the seeds')
+  return (f" Beside float32 AdamW fed the same gradients, the update it "
+          f"applies has a norm ratio of {_fid(summary, 'norm_ratio')} and a "
+          f"cosine of {_fid(summary, 'cosine')} (medians over the steps, "
+          f"{seeds}), "
+          f"and its weights end {_fid(summary, 'weight_distance')} from the "
+          f"float32 run's, relative to how far that run moved "
+          f"(`docs/fidelity.md`).")
 
 
 def _fid(summary: dict, key: str) -> str:

@@ -24,8 +24,16 @@ final validation loss (mean over seeds) and static bytes per parameter:
 weights plus optimizer state over all parameters, from the real buffers
 (float32 AdamW: 12).
 
+Each run that is not float32 also trains beside its float32 twin (AdamW
+with float32 weights and moments, the same schedule, clipping and weight
+decay; ``optax_q.track_fidelity``, off with ``--no-fidelity``), fed the
+same gradients and the same decoded weights, and the page gives the
+fidelity of the update applied to the twin's: for weights without master
+copies the step that lands them on their grid.
+
   python examples/study_eco.py --quick                 # runs/study_eco/
   python examples/study_eco.py --out docs/results      # the published page
+  python examples/study_eco.py --out docs/results --add-fidelity --seeds 0
 """
 
 import argparse
@@ -33,6 +41,7 @@ import dataclasses
 import functools
 import json
 import pathlib
+import shlex
 import statistics
 import time
 
@@ -47,6 +56,7 @@ from models import train
 
 REFERENCE = 'bf16 w/ MW'
 FP8 = 'fp8_e4m3'
+FIDELITY_HEADER = ('norm ratio', 'cosine', 'weight distance')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +119,7 @@ CONFIGS = (
     Config('fp8 MW + m4/v4', FP8, master=True, rounding='nearest',
            mu='nf4', nu='ue4m0', scale_mode='block_pow2', min_size=0),
 )
+FP32 = CONFIGS[0]  # The twin of every other configuration.
 QUICK = ('fp32', REFERENCE, 'fp8 naive rn', 'fp8 ECO sr',
          'fp8 ECO sr + m8/v4')
 TARGET_ECO = 0.5  # percent over the master-weight reference
@@ -148,6 +159,56 @@ def make_optimizer(cfg: Config, run: _common.RunConfig, seed: int):
   return optax.chain(clip, tx)
 
 
+def _track_master_free(tx, twin, steps):
+  """``optax_q.track_fidelity`` for params with quantized leaves (eco).
+
+  ``track_fidelity`` compares float updates of float params; eco's params
+  hold ``QArray`` leaves and its updates the new quantized weights. So the
+  twin gets the decoded weights (float32) and is compared with the update
+  eco applied: for a quantized leaf the step that lands its decoded weight
+  on the grid, for a plain leaf eco's own update. The state is
+  ``track_fidelity``'s, with ``tx``'s state as its ``inner_state`` (so
+  ``_common.inner_state`` and ``_common.fidelity_fields`` read it); the
+  updates returned are ``tx``'s.
+  """
+  replay = optax.GradientTransformationExtraArgs(
+      lambda params: optax.EmptyState(),
+      lambda updates, state, params=None, *, applied, **_: (applied, state))
+  tracker = optax_q.track_fidelity(replay, twin, steps=steps)
+
+  def decoded(params):
+    return optax_q.dequantize_params(params, jnp.float32)
+
+  def init_fn(params):
+    return tracker.init(decoded(params))._replace(
+        inner_state=tx.init(params))
+
+  def update_fn(grads, state, params=None):
+    updates, inner = tx.update(grads, state.inner_state, params)
+    old = decoded(params)
+    new = decoded(optax_q.apply_updates(params, updates))
+    applied = jax.tree.map(
+        lambda p, n, o, u: n - o if optax_q.is_qarray(p) else u,
+        params, new, old, updates, is_leaf=optax_q.is_qarray)
+    _, state = tracker.update(
+        grads, state._replace(inner_state=optax.EmptyState()), old,
+        applied=applied)
+    return updates, state._replace(inner_state=inner)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+@functools.lru_cache(maxsize=64)
+def make_tracked_optimizer(cfg: Config, run: _common.RunConfig, seed: int):
+  """:func:`make_optimizer`'s transform beside its float32 twin,
+  ``make_optimizer(FP32, run, seed)``, for the whole run (cached)."""
+  tx, twin = make_optimizer(cfg, run, seed), make_optimizer(FP32, run, seed)
+  if cfg.weight_format is None or cfg.master:
+    # pylint: disable-next=protected-access
+    return _common._track_fidelity(tx, twin, run.steps)
+  return _track_master_free(tx, twin, run.steps)
+
+
 @functools.lru_cache(maxsize=64)
 def make_loss(cfg: Config):
   """The LM loss; with master weights, on fake-quantized kernels."""
@@ -167,14 +228,18 @@ def nbytes(tree) -> int:
 
 
 def run_one(cfg: Config, run: _common.RunConfig, corpus, seed: int,
-            progress: bool = False):
+            progress: bool = False, fidelity: bool = False):
+  """One row; with ``fidelity``, the fidelity of a run that is not float32
+  to its twin (the fp32 row gets 1, 1 and 0 without a twin). Bytes count
+  the run's own state, not the twin's; step times include the twin."""
   model = _common.make_model(run)
   params = _common.init_params(model, seed)
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   if cfg.weight_format is not None and not cfg.master:
     params = optax_q.quantize_params(
         params, cfg.weight_format, filter=cfg.filter)
-  tx = make_optimizer(cfg, run, seed)
+  tracked = fidelity and cfg.weight_format is not None
+  tx = (make_tracked_optimizer if tracked else make_optimizer)(cfg, run, seed)
   result = train.train(
       model, params, tx,
       data.lm_batches(corpus.train, run.batch_size, run.seq_len, seed=seed),
@@ -182,12 +247,12 @@ def run_one(cfg: Config, run: _common.RunConfig, corpus, seed: int,
       eval_fn=_common.make_eval_fn(run, corpus), eval_every=run.eval_every,
       progress=progress, desc=cfg.name, seed=seed)
   weight_bytes = nbytes(result.params)
-  state_bytes = nbytes(result.opt_state)
+  state_bytes = nbytes(_common.inner_state(result.opt_state))
   times = (result.step_times[1:] if len(result.step_times) > 1
            else result.step_times)
   quantized = optax_q.quantized_leaves(result.params)
   final = float(result.eval_losses[-1])
-  return dict(
+  row = dict(
       config=cfg.name, seed=seed, final_val_loss=final,
       finite=bool(np.isfinite(final)),
       weight_bytes=weight_bytes, state_bytes=state_bytes,
@@ -196,6 +261,11 @@ def run_one(cfg: Config, run: _common.RunConfig, corpus, seed: int,
       quantized_weight_fraction=sum(q.size for q in quantized.values())
       / n_params,
       step_ms_median=1e3 * float(np.median(times)))
+  if tracked:
+    row.update(_common.fidelity_fields(result.opt_state))
+  elif fidelity:
+    row.update(_common.BASELINE_FIDELITY)
+  return row
 
 
 def summarize(rows, configs):
@@ -225,7 +295,8 @@ def summarize(rows, configs):
                    else float('nan')),
         bytes_per_param=statistics.mean(r['bytes_per_param'] for r in rs),
         quantized_weight_fraction=rs[0]['quantized_weight_fraction'],
-        step_ms=statistics.median(r['step_ms_median'] for r in rs)))
+        step_ms=statistics.median(r['step_ms_median'] for r in rs),
+        **_common.fidelity_means(rs)))
   return out
 
 
@@ -328,6 +399,43 @@ def _delta(s):
   return '-' if s['delta_pct'] != s['delta_pct'] else f'{s["delta_pct"]:+.2f}'
 
 
+def _fidelity_cell(x):
+  return '-' if x is None or x != x else f'{x:.3f}'
+
+
+def _fidelity_section(result) -> str:
+  """The fidelity table and what it says ('' for results without it).
+
+  A table of its own beside the loss: the page's tables stay narrow enough
+  for the documentation's column.
+  """
+  summary = result['summary']
+  if not any(s.get(k) is not None for s in summary for k in _common.FIDELITY):
+    return ''
+  table = _common.markdown_table(
+      ('config', 'val loss', *FIDELITY_HEADER),
+      [(s['config'], _f(s['mean_loss']),
+        *(_fidelity_cell(s.get(k)) for k in _common.FIDELITY))
+       for s in summary])
+  record = result['meta'].get('fidelity')
+  source = (_common.fidelity_provenance(record) if record else
+            'The step times of the runs with fidelity include the twin\'s '
+            '(`--no-fidelity` times them alone).')
+  return f"""
+Fidelity to float32 AdamW (float32 weights and moments, the same schedule,
+clipping and weight decay) fed the same gradients and the same decoded
+weights (`optax_q.track_fidelity`), mean over the seeds that have it: the
+median over the steps of the ratio of the applied update's norm to the
+twin's and of their cosine, and the final distance from the twin's weights
+relative to how far the twin moved. Without master weights the applied
+update is the step that lands each weight on its grid; with them it is
+AdamW's (1, 1, 0 with float32 moments: the forward pass's quantization
+shows in the loss, not here); fp32 is its own twin (1, 1, 0). {source}
+
+{table}
+"""
+
+
 def _target_line(key, v) -> str:
   """One target of :func:`targets` as a sentence."""
   verdict = 'met' if v['met'] else 'missed'
@@ -390,7 +498,7 @@ all parameters, from the real buffers (codes, scales, counters).
 format. Loss: final validation loss, mean ± standard deviation over seeds.
 
 {measured}
-
+{_fidelity_section(result)}
 Pareto frontier (no configuration has both a lower loss and fewer bytes):
 {', '.join(result['pareto'])}.
 
@@ -408,14 +516,22 @@ def make_parser():
   p.add_argument('--quick', action='store_true',
                  help='a smoke run: few steps, one seed, five configs')
   p.add_argument('--seeds', type=int, nargs='+', default=None,
-                 help='seeds (default: 0 1 2; --quick: 0)')
+                 help='seeds (default: 0 1 2; --quick: 0; --add-fidelity: '
+                 'the first published one)')
   p.add_argument('--configs', nargs='+', default=None,
-                 help='configuration names (default: all)')
+                 help='configuration names (default: all; --add-fidelity: '
+                 'the published ones that are not fp32)')
   p.add_argument('--name', default='eco',
                  help='stem of the result files (<name>.json, .md, .png)')
   p.add_argument('--render', action='store_true',
                  help='only re-write <name>.md and .png from the '
                  '<name>.json in --out (no training)')
+  p.add_argument(
+      '--fidelity', action=argparse.BooleanOptionalAction, default=True,
+      help='train each run that is not fp32 beside its float32 twin '
+      '(optax_q.track_fidelity) and report the norm ratio, cosine and '
+      'weight distance; the step times then include the twin')
+  _common.add_fidelity_argument(p)
   _common.add_run_args(p, _common.RunConfig(steps=500))
   _common.add_out_argument(p, __file__)
   return p
@@ -435,12 +551,64 @@ def _finish(out, name, result):
   return md
 
 
+def add_fidelity(args, argv, out):
+  """Fidelity for a published result, from reruns of some of its runs.
+
+  Reruns the requested seeds of its configurations that are not fp32 with
+  the settings recorded in ``<out>/<name>.json`` (its run config and the
+  data of its command), each beside its float32 twin, merges their
+  fidelity into the published rows (``_common.merge_fidelity``, which
+  compares the losses), gives its fp32 rows 1, 1 and 0, and rewrites the
+  JSON, page and plot; every other field stays as published.
+  """
+  path = out / f'{args.name}.json'
+  result = json.loads(path.read_text())
+  meta = result['meta']
+  run = _common.RunConfig(**meta['run_config'])
+  recorded = make_parser().parse_args(shlex.split(meta['command'])[2:])
+  published = {r['config'] for r in result['rows']}
+  names = args.configs or [c.name for c in CONFIGS if c.name in published
+                           and c.weight_format is not None]
+  seeds = args.seeds or meta['seeds'][:1]
+  if set(names) - published or set(seeds) - set(meta['seeds']):
+    raise SystemExit(
+        f'{path} has configs {sorted(published)} and seeds {meta["seeds"]}; '
+        f'asked for {names} and {seeds}')
+  corpus = _common.load_corpus(run, recorded.data)
+  measured = []
+  # fp32 is its own twin: its rows get 1, 1 and 0 below, without a run.
+  for cfg in [c for c in CONFIGS
+              if c.name in names and c.weight_format is not None]:
+    for seed in seeds:
+      row = run_one(cfg, run, corpus, seed, fidelity=True)
+      measured.append(row)
+      print(f'{cfg.name:24s} seed {seed}: loss {row["final_val_loss"]:.4f} '
+            f'norm ratio {row["norm_ratio"]:.3f} cosine {row["cosine"]:.3f} '
+            f'weight distance {row["weight_distance"]:.3f}', flush=True)
+    jax.clear_caches()
+  meta['fidelity'] = _common.merge_fidelity(
+      result['rows'], measured, command=_common.command_line(__file__, argv),
+      seeds=seeds)
+  for row in result['rows']:
+    if row['config'] == FP32.name:
+      row.update(_common.BASELINE_FIDELITY)
+  _finish(out, args.name, result)
+  record = meta['fidelity']
+  print(f'{record["loss_equal"]} of {record["rows"]} reruns reproduced the '
+        f'published loss (largest relative difference '
+        f'{record["loss_max_relative_difference"]:.1e}); wrote '
+        f'{out}/{args.name}.{{json,md,png}}')
+  return result
+
+
 def main(argv=None):
   args = make_parser().parse_args(argv)
   out = pathlib.Path(args.out)
   if args.render:
     result = json.loads((out / f'{args.name}.json').read_text())
     return _finish(out, args.name, result)
+  if args.add_fidelity:
+    return add_fidelity(args, argv, out)
   seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
   run = _common.run_config_from_args(args)
   if args.quick and run.steps == 500:
@@ -462,10 +630,11 @@ def main(argv=None):
   rows = []
   for cfg in configs:
     for seed in seeds:
-      row = run_one(cfg, run, corpus, seed)
+      row = run_one(cfg, run, corpus, seed, fidelity=args.fidelity)
       rows.append(row)
+      fid = (f'cosine {row["cosine"]:.3f} ' if args.fidelity else '')
       print(f'{cfg.name:24s} seed {seed}: loss {row["final_val_loss"]:.4f} '
-            f'{row["bytes_per_param"]:.2f} B/param '
+            f'{fid}{row["bytes_per_param"]:.2f} B/param '
             f'{row["step_ms_median"]:.1f} ms/step', flush=True)
     jax.clear_caches()
   meta = dict(command=_common.command_line(__file__, argv),

@@ -630,6 +630,18 @@ class StudyEcoTest(_DocsUnchanged):
     self.assertIn('fp8 ECO sr + m8/v4', text)
     md, _ = _quiet(study_eco.main, ['--render', '--out', str(self.out)])
     self.assertEqual(md, (self.out / 'eco.md').read_text())
+    # Fidelity to the float32 twin, by default; fp32 is its own.
+    self.assertEqual([summary['fp32'][k] for k in _common.FIDELITY],
+                     [1.0, 1.0, 0.0])
+    self.assertLess(summary['fp8 naive rn']['cosine'], 1.0)
+    self.assertIn('| norm ratio |', md)
+    # Fidelity added to a result by reruns: the same losses, bit for bit.
+    _quiet(study_eco.main, ['--add-fidelity', '--seeds', '0',
+                            '--out', str(self.out)])
+    again = json.loads((self.out / 'eco.json').read_text())
+    record = again['meta']['fidelity']
+    self.assertEqual((record['rows'], record['loss_equal']), (2, 2))
+    self.assertEqual(again['summary'], saved['summary'])
 
   def test_published_pages_are_their_json_rendered(self):
     results = _ROOT / 'docs' / 'results'
