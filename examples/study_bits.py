@@ -26,8 +26,16 @@ Bits per state element are measured on the real buffers (codes and scales;
 statistics' step-time overhead is timed on the same formats held fixed, in
 one interleaved run.
 
+Beside the loss, every run that is not float32 reports its fidelity to the
+study's float32 AdamW of the same chain, fed the same gradients and params
+(``optax_q.track_fidelity``, off with ``--no-fidelity``): the update-norm
+ratio and cosine (medians over the steps) and the final weight distance.
+``--add-fidelity`` adds them to a published result from reruns of some of
+its seeds, with the settings recorded in its JSON.
+
   python examples/study_bits.py                          # quick, minutes
   python examples/study_bits.py --mode full --out docs/results
+  python examples/study_bits.py --add-fidelity --seeds 0 --out docs/results
 """
 
 import argparse
@@ -153,13 +161,18 @@ def make_tx(config: str, cfg: _common.RunConfig, lr: float, steps: int,
 
 
 class Recorder:
-  """Relayouts between steps and the bits they leave, step by step."""
+  """Relayouts between steps and the bits they leave, step by step.
+
+  The bits are those of the optimizer's own state: a float32 twin's
+  (``track_fidelity``) is left out.
+  """
 
   def __init__(self, initial_state):
     self.events = [self._snapshot(0, initial_state)]
 
   @staticmethod
   def _snapshot(step, state):
+    state = _common.inner_state(state)
     return dict(
         step=step,
         bits=optax_q.state_bits_per_element(state),
@@ -205,11 +218,26 @@ def _task_setup(task: str, mode: Mode, corpus):
           steps, VIT_LR, steps // 10, cfg)
 
 
-def run_one(task, config, seed, mode: Mode, setup, progress):
-  """One training run; returns its row and, for adaptive runs, the events."""
+def run_one(task, config, seed, mode: Mode, setup, progress,
+            fidelity=False):
+  """One training run; returns its row, the events of an adaptive run (or
+  None) and the optimizer's own final state.
+
+  With ``fidelity``, a run that is not fp32 trains beside its float32 twin,
+  the study's fp32 AdamW of the same chain (``optax_q.track_fidelity``:
+  the updates applied are the run's own, bit for bit), and its row gets
+  the norm ratio, cosine and weight distance; an fp32 row gets 1, 1 and 0
+  without a twin. Bits and bytes count the optimizer's own state; the step
+  times include the twin.
+  """
   (model, loss_fn, eval_fn, params_of, batches_of, steps, lr, warmup,
    cfg) = setup
   tx = make_tx(config, cfg, lr, steps, warmup, mode.period, seed)
+  tracked = fidelity and config != 'fp32'
+  if tracked:
+    tx = _common._track_fidelity(  # pylint: disable=protected-access
+        tx, make_tx('fp32', cfg, lr, steps, warmup, mode.period, seed),
+        steps)
   params = params_of(seed)
   recorder = None
   if config not in FIXED:
@@ -218,7 +246,7 @@ def run_one(task, config, seed, mode: Mode, setup, progress):
       model, params, tx, batches_of(seed), steps=steps, loss_fn=loss_fn,
       eval_fn=eval_fn, eval_every=max(steps // 5, 1), progress=progress,
       desc=f'{task} {config}', after_step=recorder)
-  state = result.opt_state
+  state = _common.inner_state(result.opt_state)
   times = result.step_times[1:]
   step_fn = train._train_step_fn(model, tx, loss_fn, 0, None)  # pylint: disable=protected-access
   final = result.evals[-1]
@@ -233,6 +261,10 @@ def run_one(task, config, seed, mode: Mode, setup, progress):
       step_ms_median=1e3 * float(np.median(times)),
       compiled_steps=int(step_fn._cache_size()),  # pylint: disable=protected-access
   )
+  if tracked:
+    row.update(_common.fidelity_fields(result.opt_state))
+  elif fidelity:
+    row.update(_common.BASELINE_FIDELITY)
   if recorder is None:
     row.update(bits_mean=row['bits_final'],
                bits_mean_quantized=row['bits_final_quantized'],
@@ -375,6 +407,7 @@ def summarize(rows):
           relayouts=max(r['relayouts'] for r in rs),
           compiled_steps=max(r['compiled_steps'] for r in rs),
           step_ms_median=statistics.median(r['step_ms_median'] for r in rs),
+          **_common.fidelity_means(rs),
       )
       within = (abs(s['mean_gap']) <= spread or s['mean_gap'] <= 0
                 or s['mean_rel_gap'] <= TARGETS['rel_gap'])
@@ -419,13 +452,25 @@ def _yes_no(all_bits, quantized_bits, bound):
   return '**no**'
 
 
+def _fidelity_cell(x):
+  return '-' if x is None or x != x else f'{x:.3f}'
+
+
 def render_markdown(meta, summary):
+  """The results page. The fidelity columns (and the sentences on them)
+  appear only when a configuration has fidelity, so results written
+  without it render as they always did."""
   # Two narrow tables (the content column shows about seven columns).
+  fidelity = any(s.get(key) is not None for s in summary
+                 for key in _common.FIDELITY)
   bits_header = ('task', 'config', 'bits/elem (mean over steps)',
                  'quantized leaves only', 'final', 'peak',
                  'layouts (compiled steps)')
   loss_header = ('task', 'config', 'final val loss', 'gap to fp32',
-                 'rel. gap', 'step ms', 'within fp32 quality')
+                 'rel. gap',
+                 *(('norm ratio', 'cosine', 'weight distance') if fidelity
+                   else ()),
+                 'step ms', 'within fp32 quality')
   bits_rows, loss_rows = [], []
   for s in summary:
     met = {None: '', True: 'yes', False: '**no**'}[s['quality_met']]
@@ -443,7 +488,21 @@ def render_markdown(meta, summary):
         '—' if s['config'] == 'fp32' else
         f"{s['mean_gap']:+.4f} ± {s['std_gap']:.4f}",
         '—' if s['config'] == 'fp32' else f"{100 * s['mean_rel_gap']:+.2f}%",
+        *((_fidelity_cell(s.get(key)) for key in _common.FIDELITY)
+          if fidelity else ()),
         f"{s['step_ms_median']:.0f}", met))
+  record = meta.get('fidelity')
+  fidelity_text = ''
+  if fidelity:
+    fidelity_text = (
+        ' Fidelity to the fp32 AdamW of the same chain fed the same '
+        'gradients and params (`optax_q.track_fidelity`, mean over the '
+        'seeds that have it): the median over steps of the update-norm '
+        "ratio and of the update cosine, and the final distance from the "
+        "twin's weights relative to how far the twin moved; fp32 is its "
+        'own twin (1, 1, 0). ')
+    fidelity_text += (_common.fidelity_provenance(record) if record else
+                      "The step times include the twin's.")
   lm = meta['lm_config']
   tasks = []
   if 'lm' in meta['num_params']:
@@ -474,7 +533,8 @@ def render_markdown(meta, summary):
       '',
       'Loss: validation cross entropy after the last step, mean ± std over '
       'seeds; gap: paired by seed with fp32. "within fp32 quality": the '
-      'mean gap within the fp32 seed spread, below zero, or at most +0.5%.',
+      'mean gap within the fp32 seed spread, below zero, or at most +0.5%.'
+      + fidelity_text,
       '',
       _common.markdown_table(loss_header, loss_rows),
       '',
@@ -534,11 +594,13 @@ def make_parser():
                       choices=['lm', 'vit'],
                       help='lm: the byte-level GPT; vit: the small ViT on '
                       'the digits')
-  parser.add_argument('--configs', nargs='+', default=list(CONFIGS),
+  parser.add_argument('--configs', nargs='+', default=None,
                       choices=list(CONFIGS),
                       help='state formats compared: fixed (fp32, int8, '
                       '4bit = nf4 + ue4m0) and adaptive ladders; must '
-                      'include fp32, the baseline')
+                      'include fp32, the baseline (default: all; with '
+                      "--add-fidelity, the result's configurations other "
+                      'than fp32)')
   parser.add_argument('--steps', type=int, default=None,
                       help="override both tasks' steps (smoke tests; "
                       "default: the mode's)")
@@ -548,6 +610,13 @@ def make_parser():
                       'adaptive config)')
   parser.add_argument('--no-progress', action='store_true',
                       help='no progress bars (for logs)')
+  parser.add_argument(
+      '--fidelity', action=argparse.BooleanOptionalAction, default=True,
+      help='train each run that is not fp32 beside its float32 twin (the '
+      'fp32 AdamW of the same chain, optax_q.track_fidelity) and report '
+      'the norm ratio, cosine and weight distance; the step times then '
+      'include the twin')
+  _common.add_fidelity_argument(parser)
   parser.add_argument(
       '--render', action='store_true',
       help='only re-render the page and plots from the JSON in --out')
@@ -578,6 +647,9 @@ def main(argv=None):
                               date=_common.now_utc())
     (out / f'{NAME}.json').write_text(json.dumps(result, indent=1) + '\n')
     return write_outputs(result, out)
+  if args.add_fidelity:
+    return add_fidelity(args, argv, out)
+  args.configs = args.configs or list(CONFIGS)
   if 'fp32' not in args.configs:
     raise SystemExit('--configs must include fp32 (the baseline)')
   out = pathlib.Path(args.out)
@@ -604,19 +676,16 @@ def main(argv=None):
     for seed in args.seeds:
       for config in args.configs:
         row, events, state = run_one(task, config, seed, mode, setup,
-                                     not args.no_progress)
-        # Every layout of every run compiles its own step: free them, or
-        # a full study runs out of memory.
-        train._STEP_CACHE.clear()  # pylint: disable=protected-access
-        make_tx.cache_clear()
-        jax.clear_caches()
+                                     not args.no_progress, args.fidelity)
+        _clear_caches()
         rows.append(row)
         if events is not None:
           timelines.setdefault(task, {}).setdefault(config, {})[seed] = events
           if task == 'lm' and config == 'adaptive':
             last_state = (state, setup[3](seed))
         print(f"[{len(rows)}] {task} {config:14s} seed {seed}: val "
-              f"{row['final_val_loss']:.4f}, bits {row['bits_mean']:.2f} "
+              f"{row['final_val_loss']:.4f}, {_fidelity_text(row)}"
+              f"bits {row['bits_mean']:.2f} "
               f"(final {row['bits_final']:.2f}), "
               f"{row['step_ms_median']:.0f} ms/step, "
               f"{row['compiled_steps']} compiled "
@@ -637,6 +706,81 @@ def main(argv=None):
   write_outputs(result, out)
   (out / f'{NAME}.partial.json').unlink(missing_ok=True)
   return result
+
+
+def _clear_caches():
+  # Every layout of every run compiles its own step: free them, or a full
+  # study runs out of memory.
+  train._STEP_CACHE.clear()  # pylint: disable=protected-access
+  make_tx.cache_clear()
+  _common._track_fidelity.cache_clear()  # pylint: disable=protected-access
+  jax.clear_caches()
+
+
+def _fidelity_text(row):
+  if row.get('norm_ratio') is None:
+    return ''
+  return (f"norm ratio {row['norm_ratio']:.3f}, cosine {row['cosine']:.3f}, "
+          f"weight distance {row['weight_distance']:.3f}, ")
+
+
+def add_fidelity(args, argv, out):
+  """Adds fidelity to the published ``<out>/bits.json`` from reruns.
+
+  Reruns the given seeds of the given configurations (default: every one
+  but fp32) beside their float32 twins with the settings recorded in the
+  JSON (mode, steps, period, tasks), copies their fidelity into the
+  published rows of the same task, configuration and seed
+  (``_common.merge_fidelity``, which checks the reruns' losses against the
+  published ones), gives the fp32 rows 1, 1 and 0, adds the fidelity means
+  to the summary and rewrites the JSON, the page and the plots. Every other
+  field of the result is kept.
+  """
+  path = out / f'{NAME}.json'
+  result = json.loads(path.read_text())
+  vit_config = dict(VIT, batch_size=VIT_BATCH, learning_rate=VIT_LR)
+  if 'vit' in result['tasks'] and result['vit_config'] != vit_config:
+    raise SystemExit(f"{path} ran the ViT as {result['vit_config']}, this "
+                     f'script runs it as {vit_config}: not the same runs')
+  configs = [c for c in args.configs or result['configs'] if c != 'fp32']
+  missing = ([f'seed {s}' for s in args.seeds if s not in result['seeds']]
+             + [c for c in configs if c not in result['configs']])
+  if missing:
+    raise SystemExit(f'{path} has no runs of {", ".join(map(str, missing))}')
+  mode = Mode(lm=_common.RunConfig(**result['lm_config']),
+              vit_steps=result['vit_steps'], period=result['period'])
+  t_start = time.perf_counter()
+  measured = []
+  for task in result['tasks']:
+    source = (_common.load_corpus(mode.lm) if task == 'lm'
+              else data.load_digits())
+    setup = _task_setup(task, mode, source)
+    for seed in args.seeds:
+      for config in configs:
+        row, _, _ = run_one(task, config, seed, mode, setup,
+                            not args.no_progress, fidelity=True)
+        _clear_caches()
+        measured.append(row)
+        print(f"[{len(measured)}] {task} {config:14s} seed {seed}: val "
+              f"{row['final_val_loss']:.4f}, {_fidelity_text(row)}"
+              f"({time.perf_counter() - t_start:.0f} s)", flush=True)
+  record = _common.merge_fidelity(
+      result['rows'], measured, keys=('task', 'config', 'seed'),
+      command=_common.command_line(__file__, argv), seeds=args.seeds)
+  for row in result['rows']:
+    if row['config'] == 'fp32':
+      row.update(_common.BASELINE_FIDELITY)
+  for s in result['summary']:
+    s.update(_common.fidelity_means(
+        [r for r in result['rows']
+         if (r['task'], r['config']) == (s['task'], s['config'])]))
+  # The record goes with the metadata, before the summary.
+  at = list(result).index('summary')
+  items = list(result.items())
+  result = dict(items[:at] + [('fidelity', record)] + [
+      (k, v) for k, v in items[at:] if k != 'fidelity'])
+  path.write_text(json.dumps(result, indent=1) + '\n')
+  return write_outputs(result, out)
 
 
 def write_outputs(result, out):
