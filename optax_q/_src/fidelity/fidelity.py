@@ -73,7 +73,8 @@ class FidelityState(NamedTuple):
   Attributes:
     inner_state: The state of the tracked transform ``tx``.
     reference_state: The state of the float32 ``reference``.
-    initial_params: The params given to ``init``, float leaves as float32.
+    initial_params: The params given to ``init``, float leaves as float32
+      (quantized leaves decoded to float32).
     reference_params: ``initial_params`` plus the running sum of the
       reference's updates (float32): the trajectory the reference would
       take on these gradients.
@@ -377,6 +378,25 @@ def track_fidelity(
   reference, four float32 copies in all), after ``steps`` too: track a
   diagnostic run, or a small model.
 
+  Master-free params (with [`QArray`][optax_q.QArray] leaves, as
+  [`optax_q.eco`][optax_q.eco] trains them) have no float weights to add
+  updates to: ``tx``'s update of a quantized leaf is its new quantized
+  weights, written by [`optax_q.apply_updates`][optax_q.apply_updates].
+  The reference is then initialized on, and at every step given, the
+  decoded params `D(p_k)` (quantized leaves decoded to float32, plain
+  leaves as they are), and the update compared for a quantized leaf is the
+  step that lands its decoded weight on the grid,
+
+  ```tex
+  u_k = D(p_{k+1}) - D(p_k), \qquad
+  p_{k+1} = \text{apply\_updates}(p_k, \text{tx's update}),
+  ```
+
+  rounding of the new weight included (for a plain leaf `u_k` is
+  ``tx``'s update). The weight distance takes the decoded weights too:
+  `D(p_{k+1})` for `p_k + u_k` and `D(p_0)` for `p_0`. A quantized leaf whose update is not
+  new weights (a float array) raises a ``ValueError``.
+
   Why not compare losses: stochastic rounding keeps a low-bit second
   moment unbiased, `E[Q(v)] = v`, but `1 / (\sqrt{v} + \epsilon)` is
   convex, so by Jensen's inequality its expectation under rounding is
@@ -389,7 +409,8 @@ def track_fidelity(
     tx: The transform to judge (its updates are the ones returned).
     reference: Its float32 twin, with the same hyperparameters. It is
       initialized on float32 params and receives float32 gradients and
-      params, so that its state is float32 even for bf16 params.
+      params (decoded, for quantized params), so that its state is float32
+      even for bf16 or quantized params.
     steps: How many updates to compare and record, a positive int (it sets
       the shape of the records).
 
@@ -402,7 +423,9 @@ def track_fidelity(
     TypeError: at construction, if ``tx`` or ``reference`` is not a
       gradient transformation.
     ValueError: at construction, if ``steps`` is not a positive int (bools
-      are not); at ``update``, if ``params`` is None.
+      are not); at ``update``, if ``params`` is None, or if ``tx``'s
+      update of a quantized (``QArray``) parameter is not new quantized
+      weights.
 
   Examples:
     >>> import jax, jax.numpy as jnp, optax, optax_q
