@@ -159,54 +159,17 @@ def make_optimizer(cfg: Config, run: _common.RunConfig, seed: int):
   return optax.chain(clip, tx)
 
 
-def _track_master_free(tx, twin, steps):
-  """``optax_q.track_fidelity`` for params with quantized leaves (eco).
-
-  ``track_fidelity`` compares float updates of float params; eco's params
-  hold ``QArray`` leaves and its updates the new quantized weights. So the
-  twin gets the decoded weights (float32) and is compared with the update
-  eco applied: for a quantized leaf the step that lands its decoded weight
-  on the grid, for a plain leaf eco's own update. The state is
-  ``track_fidelity``'s, with ``tx``'s state as its ``inner_state`` (so
-  ``_common.inner_state`` and ``_common.fidelity_fields`` read it); the
-  updates returned are ``tx``'s.
-  """
-  replay = optax.GradientTransformationExtraArgs(
-      lambda params: optax.EmptyState(),
-      lambda updates, state, params=None, *, applied, **_: (applied, state))
-  tracker = optax_q.track_fidelity(replay, twin, steps=steps)
-
-  def decoded(params):
-    return optax_q.dequantize_params(params, jnp.float32)
-
-  def init_fn(params):
-    return tracker.init(decoded(params))._replace(
-        inner_state=tx.init(params))
-
-  def update_fn(grads, state, params=None):
-    updates, inner = tx.update(grads, state.inner_state, params)
-    old = decoded(params)
-    new = decoded(optax_q.apply_updates(params, updates))
-    applied = jax.tree.map(
-        lambda p, n, o, u: n - o if optax_q.is_qarray(p) else u,
-        params, new, old, updates, is_leaf=optax_q.is_qarray)
-    _, state = tracker.update(
-        grads, state._replace(inner_state=optax.EmptyState()), old,
-        applied=applied)
-    return updates, state._replace(inner_state=inner)
-
-  return optax.GradientTransformation(init_fn, update_fn)
-
-
 @functools.lru_cache(maxsize=64)
 def make_tracked_optimizer(cfg: Config, run: _common.RunConfig, seed: int):
   """:func:`make_optimizer`'s transform beside its float32 twin,
-  ``make_optimizer(FP32, run, seed)``, for the whole run (cached)."""
+  ``make_optimizer(FP32, run, seed)``, for the whole run (cached).
+
+  Master-free runs too: ``track_fidelity`` gives the twin the decoded
+  weights and compares it with the step that lands each quantized weight
+  on its grid."""
   tx, twin = make_optimizer(cfg, run, seed), make_optimizer(FP32, run, seed)
-  if cfg.weight_format is None or cfg.master:
-    # pylint: disable-next=protected-access
-    return _common._track_fidelity(tx, twin, run.steps)
-  return _track_master_free(tx, twin, run.steps)
+  # pylint: disable-next=protected-access
+  return _common._track_fidelity(tx, twin, run.steps)
 
 
 @functools.lru_cache(maxsize=64)

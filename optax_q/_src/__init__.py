@@ -21,7 +21,8 @@ drop-ins                  `dropins` (adamw, adam, lion, sgd, muon, shampoo,
 features                  `resets`, `adaptive`, `master_free`,
                           `second_order`, `fidelity` (none imports
                           another; `fidelity`, a float32 twin beside any
-                          transform, imports `core` only)
+                          transform, imports `core`, and `codec` to
+                          decode quantized params)
 state                     `state` (quantize_state, the leafwise pass,
                           sharding, telemetry)
 execution                 `execution` (CPU fusion device, Pallas kernels)
@@ -44,7 +45,7 @@ LAYERS = {
     'adaptive': ('core', 'codec', 'execution', 'state'),
     'master_free': ('core', 'codec', 'execution', 'state'),
     'second_order': ('core', 'codec', 'execution', 'state'),
-    'fidelity': ('core',),
+    'fidelity': ('core', 'codec'),
     'dropins': ('core', 'codec', 'execution', 'state', 'resets',
                 'adaptive', 'master_free', 'second_order'),
     'quant': ('core', 'codec'),

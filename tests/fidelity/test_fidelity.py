@@ -25,8 +25,10 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 
+import helpers
 import optax_q
 
+METRICS = ('norm_ratio', 'cosine', 'weight_distance')
 _MAX = np.finfo(np.float32).max
 _TINY = np.finfo(np.float32).tiny
 # Large enough (8192 elements) for the drop-ins to quantize its state.
@@ -362,6 +364,152 @@ class TrackFidelityTest(parameterized.TestCase):
     self.assertEqual(abstract.reference_params['w'].dtype, jnp.float32)
 
 
+def _master_free_params(weight_format):
+  """The quadratic's params, ``w`` quantized (master-free), ``b`` plain."""
+  return optax_q.quantize_params(
+      {'w': 0.1 * jax.random.normal(jax.random.key(1), (64, 128)),
+       'b': jnp.zeros((8,))}, weight_format, filter='matrices')
+
+
+def _master_free_grads(params):
+  return _quadratic_grads(optax_q.dequantize_params(params, jnp.float32))
+
+
+def _eco(rounding):
+  return optax_q.eco(optax.inject_hyperparams(optax.adamw)(1e-3),
+                     rounding=rounding)
+
+
+def _train_master_free(tx, params, steps):
+  """``_train`` for params with QArray leaves (``optax_q.apply_updates``)."""
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  all_updates = []
+  for _ in range(steps):
+    updates, state = update(_master_free_grads(params), state, params)
+    all_updates.append(updates)
+    params = optax_q.apply_updates(params, updates)
+  return params, state, all_updates
+
+
+@functools.cache
+def _master_free_runs():
+  """ECO with fp16 (nearest) and fp8 (stochastic) weights against float32
+  AdamW: final params, states and updates."""
+  return {fmt: _train_master_free(
+      optax_q.track_fidelity(_eco(rounding), optax.adamw(1e-3), steps=10),
+      _master_free_params(fmt), 10)
+          for fmt, rounding in (('fp16', 'nearest'),
+                                ('fp8_e4m3', 'stochastic'))}
+
+
+class MasterFreeTest(parameterized.TestCase):
+  """Params with QArray leaves, trained by ECO, against float32 AdamW."""
+
+  def test_fine_weights_are_faithful(self):
+    # fp16 weights round each step by a few parts in 10^4 of the weight.
+    _, state, _ = _master_free_runs()['fp16']
+    self.assertEqual(int(state.count), 10)
+    for name in METRICS:
+      self.assertTrue(np.all(np.isfinite(getattr(state, name))), name)
+    self.assertTrue(np.all((state.norm_ratio >= 0.97)
+                           & (state.norm_ratio <= 1.03)), state.norm_ratio)
+    self.assertGreater(float(np.min(state.cosine)), 0.999)
+    self.assertLess(float(np.max(state.weight_distance)), 0.05)
+
+  def test_fp8_is_less_faithful_than_fp16(self):
+    # Steps far below the fp8 grid's spacing, stochastically rounded:
+    # right on average, much noisier than float32's step.
+    fp16, fp8 = (_master_free_runs()[f][1] for f in ('fp16', 'fp8_e4m3'))
+    for name in METRICS:
+      self.assertTrue(np.all(np.isfinite(getattr(fp8, name))), name)
+    self.assertLess(float(np.median(fp8.cosine)),
+                    float(np.median(fp16.cosine)))
+    self.assertGreater(float(np.median(fp8.norm_ratio)), 1.5)
+    self.assertGreater(float(np.median(fp8.weight_distance)),
+                       float(np.median(fp16.weight_distance)))
+
+  @parameterized.named_parameters(('fp16', 'fp16', 'nearest'),
+                                  ('fp8', 'fp8_e4m3', 'stochastic'))
+  def test_updates_are_ecos_bit_for_bit(self, fmt, rounding):
+    params, state, wrapped = _master_free_runs()[fmt]
+    plain_params, inner_state, plain = _train_master_free(
+        _eco(rounding), _master_free_params(fmt), 10)
+    helpers.assert_bits_equal(wrapped, plain)
+    helpers.assert_bits_equal(params, plain_params)
+    helpers.assert_bits_equal(state.inner_state, inner_state)
+
+  def test_records_are_the_landing_steps_of_the_decoded_weights(self):
+    # One step by hand: the twin starts from the decoded weights, and is
+    # compared with decoded(new) - decoded(old) on the quantized leaf and
+    # with the update itself on the plain one.
+    params = _master_free_params('fp8_e4m3')
+    tx = optax_q.track_fidelity(_eco('nearest'), optax.adamw(1e-3), steps=2)
+    state = jax.jit(tx.init)(params)
+    p0 = optax_q.dequantize_params(params, jnp.float32)
+    helpers.assert_bits_equal(state.initial_params, p0)
+    helpers.assert_bits_equal(state.reference_params, p0)
+    grads = _master_free_grads(params)
+    updates, state = jax.jit(tx.update)(grads, state, params)
+    new = optax_q.dequantize_params(
+        optax_q.apply_updates(params, updates), jnp.float32)
+    ref_updates, _ = optax.adamw(1e-3).update(
+        grads, optax.adamw(1e-3).init(p0), p0)
+    steps = {'w': new['w'] - p0['w'], 'b': updates['b']}
+    fid = _update_fidelity(steps, ref_updates)
+    np.testing.assert_allclose(state.norm_ratio[0], fid.norm_ratio,
+                               rtol=1e-6)
+    np.testing.assert_allclose(state.cosine[0], fid.cosine, rtol=1e-6)
+    np.testing.assert_allclose(
+        state.weight_distance[0],
+        _weight_distance(new, optax.apply_updates(p0, ref_updates), p0),
+        rtol=1e-5)
+    # A coarse grid: the landing step is not the twin's step.
+    self.assertLess(float(state.cosine[0]), 0.999)
+
+  def test_chain_jit_and_summary(self):
+    params = _master_free_params('bf16')
+    tx = optax.chain(optax.clip_by_global_norm(1.0),
+                     optax_q.track_fidelity(
+                         optax_q.eco(optax.inject_hyperparams(optax.sgd)(
+                             1e-2, momentum=0.9), rounding='nearest'),
+                         optax.sgd(1e-2, momentum=0.9), steps=4))
+    _, state, _ = _train_master_free(tx, params, 6)
+    summary = optax_q.fidelity_summary(state)
+    self.assertEqual(summary['steps'], 4)
+    for name in METRICS:
+      self.assertTrue(np.isfinite(summary[name]['p10']), name)
+    # Clipped steps of a few bf16 spacings: the right way, roughly.
+    self.assertGreater(summary['cosine']['p10'], 0.5)
+    self.assertEqual(state[1].reference_params['w'].dtype, jnp.float32)
+
+  def test_explicit_mesh_equals_unsharded(self):
+    mesh = jax.make_mesh((4, 2), ('data', 'model'),
+                         axis_types=(AxisType.Explicit,) * 2)
+    qparams = _master_free_params('fp8_e4m3')
+    _, plain_state, plain = _train_master_free(
+        optax_q.track_fidelity(_eco('stochastic'), optax.adamw(1e-3),
+                               steps=3), qparams, 3)
+    with jax.set_mesh(mesh):
+      spec = {'w': P('data', 'model'), 'b': P()}
+      shardings = optax_q.state_shardings(
+          qparams, jax.tree.map(lambda x: NamedSharding(mesh, x), spec))
+      params = jax.device_put(qparams, shardings)
+      tx = optax_q.track_fidelity(_eco('stochastic'), optax.adamw(1e-3),
+                                  steps=3)
+      _, state, updates = _train_master_free(tx, params, 3)
+      self.assertEqual(
+          jax.typeof(state.reference_params['w']).sharding.spec,
+          P('data', 'model'))
+    # tx's updates and states are the unsharded run's bit for bit; the
+    # records are sums whose order follows the partitioning.
+    helpers.assert_bits_equal(updates, plain)
+    helpers.assert_bits_equal(state.inner_state, plain_state.inner_state)
+    for name in METRICS:
+      np.testing.assert_allclose(getattr(state, name),
+                                 getattr(plain_state, name), rtol=1e-5)
+
+
 class BadArgumentsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -389,6 +537,14 @@ class BadArgumentsTest(parameterized.TestCase):
     params = {'w': jnp.ones(2)}
     with self.assertRaisesRegex(ValueError, 'track_fidelity needs params'):
       tx.update(params, tx.init(params))
+
+  def test_quantized_params_need_new_weights(self):
+    # A float update for a QArray parameter: not a master-free transform.
+    tx = optax_q.track_fidelity(optax.sgd(0.1), optax.sgd(0.1), steps=2)
+    params = optax_q.quantize_params({'w': jnp.ones((2, 4))}, 'bf16',
+                                     filter='all')
+    with self.assertRaisesRegex(ValueError, r"\['w'\].*not new quantized"):
+      tx.update({'w': jnp.ones((2, 4))}, tx.init(params), params)
 
   def test_summary_needs_exactly_one_state(self):
     params = {'w': jnp.ones(2)}

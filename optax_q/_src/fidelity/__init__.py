@@ -18,6 +18,10 @@
   the same gradients and records both, step by step) and
   `fidelity_summary` (host-side statistics of what it recorded).
 
-Imports `core` only; no other feature, and no codec: it compares any two
-transforms through their updates.
+Imports `core`, and from the codecs only `QArray` and its decoding: it
+compares any two transforms through their updates, and decodes quantized
+(master-free) params, whose updates are new quantized weights, to compare
+the steps that land them on their grid. No other feature: a quantized
+parameter's update is read through its own ``weights`` method, as
+`optax_q.apply_updates` applies it.
 """

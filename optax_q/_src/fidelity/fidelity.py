@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from optax_q._src.codec import qarray as qarray_lib
 from optax_q._src.core import explicit
 from optax_q._src.core import validation
 
@@ -72,7 +73,8 @@ class FidelityState(NamedTuple):
   Attributes:
     inner_state: The state of the tracked transform ``tx``.
     reference_state: The state of the float32 ``reference``.
-    initial_params: The params given to ``init``, float leaves as float32.
+    initial_params: The params given to ``init``, float leaves as float32
+      (quantized leaves decoded to float32).
     reference_params: ``initial_params`` plus the running sum of the
       reference's updates (float32): the trajectory the reference would
       take on these gradients.
@@ -284,6 +286,60 @@ def _float32_copy(tree: Any) -> Any:
       tree)
 
 
+def _has_qarrays(params: Any) -> bool:
+  """Whether ``params`` holds [`QArray`][optax_q.QArray] leaves (master-free
+  weights, as [`optax_q.eco`][optax_q.eco] trains)."""
+  return any(map(qarray_lib.is_qarray,
+                 jax.tree.leaves(params, is_leaf=qarray_lib.is_qarray)))
+
+
+def _decoded(params: Any) -> Any:
+  """``params`` with its QArray leaves decoded to float32 (others kept)."""
+  return jax.tree.map(
+      lambda x: qarray_lib.dequantize(x, _F32)
+      if qarray_lib.is_qarray(x) else x, params,
+      is_leaf=qarray_lib.is_qarray)
+
+
+def _landed(params: Any, updates: Any) -> tuple[Any, Any]:
+  """The weights ``updates`` gives params with QArray leaves, and the steps
+  that took them there, as float32 trees of the decoded params' structure.
+
+  A QArray leaf's update holds its new quantized weights (the
+  ``NewWeights`` of [`optax_q.eco`][optax_q.eco]), whose ``weights``
+  method writes them into the parameter's layout as
+  [`optax_q.apply_updates`][optax_q.apply_updates] does: the applied weight
+  is the new QArray decoded, and the step is that minus the old one
+  decoded. A plain leaf takes ``p + u`` in its dtype, as
+  ``optax.apply_updates`` does, and its step is ``u``.
+  """
+  flat, treedef = jax.tree_util.tree_flatten_with_path(
+      params, is_leaf=qarray_lib.is_qarray)
+  try:
+    flat_u = treedef.flatten_up_to(updates)
+  except (ValueError, TypeError) as e:
+    raise ValueError(
+        'the updates of tx must have the structure of params (one update '
+        f'per QArray leaf): {e}') from None
+  applied, steps = [], []
+  for (path, p), u in zip(flat, flat_u):
+    if qarray_lib.is_qarray(p):
+      where = jax.tree_util.keystr(path)
+      if not callable(getattr(u, 'weights', None)):
+        raise ValueError(
+            f'the update of the quantized parameter {where} is a '
+            f'{type(u).__name__}, not new quantized weights: a transform '
+            'that trains QArray params (optax_q.eco) returns them.')
+      old = qarray_lib.dequantize(p, _F32)
+      new = qarray_lib.dequantize(u.weights(p, where), _F32)
+      applied.append(new)
+      steps.append(new - old)
+    else:
+      applied.append(optax.apply_updates(p, u))
+      steps.append(u)
+  return treedef.unflatten(applied), treedef.unflatten(steps)
+
+
 def track_fidelity(
     tx: optax.GradientTransformation,
     reference: optax.GradientTransformation,
@@ -322,6 +378,25 @@ def track_fidelity(
   reference, four float32 copies in all), after ``steps`` too: track a
   diagnostic run, or a small model.
 
+  Master-free params (with [`QArray`][optax_q.QArray] leaves, as
+  [`optax_q.eco`][optax_q.eco] trains them) have no float weights to add
+  updates to: ``tx``'s update of a quantized leaf is its new quantized
+  weights, written by [`optax_q.apply_updates`][optax_q.apply_updates].
+  The reference is then initialized on, and at every step given, the
+  decoded params `D(p_k)` (quantized leaves decoded to float32, plain
+  leaves as they are), and the update compared for a quantized leaf is the
+  step that lands its decoded weight on the grid,
+
+  ```tex
+  u_k = D(p_{k+1}) - D(p_k), \qquad
+  p_{k+1} = \text{apply\_updates}(p_k, \text{tx's update}),
+  ```
+
+  rounding of the new weight included (for a plain leaf `u_k` is
+  ``tx``'s update). The weight distance takes the decoded weights too:
+  `D(p_{k+1})` for `p_k + u_k` and `D(p_0)` for `p_0`. A quantized leaf whose update is not
+  new weights (a float array) raises a ``ValueError``.
+
   Why not compare losses: stochastic rounding keeps a low-bit second
   moment unbiased, `E[Q(v)] = v`, but `1 / (\sqrt{v} + \epsilon)` is
   convex, so by Jensen's inequality its expectation under rounding is
@@ -334,7 +409,8 @@ def track_fidelity(
     tx: The transform to judge (its updates are the ones returned).
     reference: Its float32 twin, with the same hyperparameters. It is
       initialized on float32 params and receives float32 gradients and
-      params, so that its state is float32 even for bf16 params.
+      params (decoded, for quantized params), so that its state is float32
+      even for bf16 or quantized params.
     steps: How many updates to compare and record, a positive int (it sets
       the shape of the records).
 
@@ -347,7 +423,9 @@ def track_fidelity(
     TypeError: at construction, if ``tx`` or ``reference`` is not a
       gradient transformation.
     ValueError: at construction, if ``steps`` is not a positive int (bools
-      are not); at ``update``, if ``params`` is None.
+      are not); at ``update``, if ``params`` is None, or if ``tx``'s
+      update of a quantized (``QArray``) parameter is not new quantized
+      weights.
 
   Examples:
     >>> import jax, jax.numpy as jnp, optax, optax_q
@@ -384,7 +462,8 @@ def track_fidelity(
   reference = optax.with_extra_args_support(reference)
 
   def init_fn(params):
-    params32 = _float32_copy(params)
+    params32 = _float32_copy(
+        _decoded(params) if _has_qarrays(params) else params)
     # No two fields share a buffer: a state may be donated.
     records = {name: jnp.full((steps,), jnp.nan, _F32) for name in METRICS}
     return FidelityState(
@@ -405,9 +484,11 @@ def track_fidelity(
         updates, state.inner_state, params, **extra_args)
 
     recording = state.count < steps
+    # Master-free params (QArray leaves) reach the reference decoded.
+    master_free = _has_qarrays(params)
     grads32, params32 = jax.tree.map(
         lambda x: jnp.asarray(x, _F32) if _is_float(x) else x,
-        (updates, params))
+        (updates, _decoded(params) if master_free else params))
 
     def run_reference(ref_state):
       return reference.update(grads32, ref_state, params32, **extra_args)
@@ -430,12 +511,16 @@ def track_fidelity(
       ref_params = jax.tree.map(
           lambda p, r: p + jnp.asarray(r, _F32) if _is_float(p) else p,
           ref_params, ref_updates)
-      fid = update_fidelity(new_updates, ref_updates)
+      if master_free:
+        applied, steps_taken = _landed(params, new_updates)
+      else:
+        applied = optax.apply_updates(params, new_updates)
+        steps_taken = new_updates
+      fid = update_fidelity(steps_taken, ref_updates)
       values = dict(
           norm_ratio=fid.norm_ratio, cosine=fid.cosine,
-          weight_distance=weight_distance(
-              optax.apply_updates(params, new_updates), ref_params,
-              state.initial_params))
+          weight_distance=weight_distance(applied, ref_params,
+                                          state.initial_params))
       return ref_params, {name: records[name].at[state.count].set(
           values[name]) for name in METRICS}
 
