@@ -602,6 +602,11 @@ class StudyBitsTest(_DocsUnchanged):
     self.assertEqual(rows['fp32']['bits_mean'], 32.0)
     self.assertLess(rows['adaptive']['bits_final_quantized'], 8.3)
     self.assertGreaterEqual(rows['adaptive']['compiled_steps'], 1)
+    # Fidelity to the float32 twin (on by default); fp32 is its own twin.
+    self.assertEqual(rows['fp32']['cosine'], 1.0)
+    self.assertGreater(rows['adaptive']['cosine'], 0.0)
+    self.assertGreater(rows['adaptive']['norm_ratio'], 0.0)
+    self.assertIn('| norm ratio | cosine | weight distance |', text)
     self.assertIn('adaptive', saved['overhead']['overhead'])
     self.assertIn('python examples/study_bits.py', saved['command'])
     self.assertIn('| lm | `adaptive` |', text)
