@@ -33,6 +33,15 @@ Each row: the final validation loss (3 seeds), state bytes per parameter
 included; taken with the machine shared, so only indicative: the step-time
 target is measured by ``examples/bench_step.py --second-order``).
 
+Each low-bit run trains beside its float32 twin, the same optimizer with
+every state in ``fp32`` (``shampoo fp32`` or ``soap fp32``), fed the same
+gradients and params (``optax_q.track_fidelity``; off with
+``--no-fidelity``), and its row gives the median update-norm ratio and
+cosine to the twin and the final relative weight distance. The twin does
+not change the run (its updates are the optimizer's, bit for bit), so
+``--add-fidelity --seeds 0`` reruns seed 0 of a published result beside
+the twins and adds their fidelity to it.
+
 Modes: ``full`` (500 steps, 3 seeds), ``quick`` (150 steps, 3 seeds) and
 ``smoke`` (a few steps of a tiny model, for the tests).
 
@@ -41,6 +50,8 @@ Usage::
   python examples/study_second_order.py                  # runs/...
   python examples/study_second_order.py --mode quick
   python examples/study_second_order.py --out docs/results
+  python examples/study_second_order.py --out docs/results \
+      --add-fidelity --seeds 0
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import shlex
 import statistics
 import time
 from typing import Any
@@ -126,18 +138,40 @@ def make_optimizer(name: str, cfg: _common.RunConfig, seed: int
   return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
 
 
-def train_rows(mode: Mode, corpus, names, rows: list) -> None:
+def twin(name: str) -> str | None:
+  """The float32 configuration a run of ``name`` is compared with (the same
+  optimizer with every state in ``fp32``); ``None`` for a float32 one."""
+  opt, formats, _, _ = CONFIGS[name]
+  return None if formats in (None, 'fp32') else f'{opt} fp32'
+
+
+def run_config(mode: Mode) -> _common.RunConfig:
   cfg = _common.RunConfig(steps=mode.steps)
   if mode.tiny:
     cfg = dataclasses.replace(cfg, d_model=32, num_layers=1, num_heads=2,
                               eval_every=2, eval_batches=2)
+  return cfg
+
+
+def train_rows(cfg: _common.RunConfig, seeds, corpus, names, rows: list, *,
+               fidelity: bool = True) -> None:
+  """Trains ``names`` over ``seeds``, appending a row per run to ``rows``.
+
+  With ``fidelity``, a low-bit run trains beside its float32 :func:`twin`
+  and its row gets the fidelity fields; a float32 one runs alone and gets
+  ``_common.BASELINE_FIDELITY``. Bytes count the optimizer's own state.
+  """
   model = _common.make_model(cfg)
   eval_fn = _common.make_eval_fn(cfg, corpus)
   for name in names:
-    for seed in mode.seeds:
+    reference = twin(name) if fidelity else None
+    for seed in seeds:
       params = _common.init_params(model, seed)
       n_params = sum(x.size for x in jax.tree.leaves(params))
       tx = make_optimizer(name, cfg, seed)
+      if reference is not None:
+        tx = optax_q.track_fidelity(
+            tx, make_optimizer(reference, cfg, seed), steps=cfg.steps)
       result = train.train(
           model, params, tx,
           data.lm_batches(corpus.train, cfg.batch_size, cfg.seq_len,
@@ -146,15 +180,21 @@ def train_rows(mode: Mode, corpus, names, rows: list) -> None:
           eval_every=cfg.eval_every, progress=False, seed=0)
       times = (result.step_times[1:] if len(result.step_times) > 1
                else result.step_times)
-      state_bytes = int(optax_q.state_nbytes(result.opt_state))
+      state_bytes = int(optax_q.state_nbytes(
+          _common.inner_state(result.opt_state)))
       rows.append(dict(
           config=name, seed=seed, steps=cfg.steps,
           final_val_loss=float(result.eval_losses[-1]),
           state_bytes=state_bytes,
           bytes_per_param=state_bytes / n_params,
           step_ms_median=1e3 * float(np.median(times))))
+      if reference is not None:
+        rows[-1].update(_common.fidelity_fields(result.opt_state))
+      elif fidelity:
+        rows[-1].update(_common.BASELINE_FIDELITY)
+      fid = (f"cosine {rows[-1]['cosine']:.4f} " if fidelity else '')
       print(f'{name:20s} seed {seed}: {rows[-1]["final_val_loss"]:.4f} '
-            f'{rows[-1]["bytes_per_param"]:.2f} B/param '
+            f'{fid}{rows[-1]["bytes_per_param"]:.2f} B/param '
             f'{rows[-1]["step_ms_median"]:.1f} ms', flush=True)
     jax.clear_caches()
 
@@ -179,7 +219,8 @@ def summarize(rows) -> list[dict[str, Any]]:
         sd=statistics.stdev(losses) if finite and len(losses) > 1 else 0.0,
         bytes_per_param=mine[0]['bytes_per_param'],
         state_bytes=mine[0]['state_bytes'],
-        step_ms=statistics.median(r['step_ms_median'] for r in mine)))
+        step_ms=statistics.median(r['step_ms_median'] for r in mine),
+        **_common.fidelity_means(mine)))
   return out
 
 
@@ -262,8 +303,17 @@ def plot(result, path) -> pathlib.Path:
   return pathlib.Path(path)
 
 
+def _fidelity_cell(x):
+  return '-' if x is None or x != x else f'{x:.3f}'
+
+
 def render_markdown(result) -> str:
+  """The results page; the fidelity columns (and the sentences on them)
+  only when a configuration has fidelity, so results written without it
+  render as they always did."""
   meta = result['meta']
+  fidelity = any(s.get(key) is not None for s in result['summary']
+                 for key in _common.FIDELITY)
   lines = [
       '# Shampoo and SOAP with low-bit state on the LM benchmark', '',
       'Generated by `examples/study_second_order.py`; do not edit by hand.',
@@ -284,14 +334,29 @@ def render_markdown(result) -> str:
       'Loss: final validation loss, mean over seeds; spread = max - min. '
       'Bytes: the optimizer state\'s real buffers per parameter (float32 '
       'AdamW: 8). Step: median step time over seeds, refreshes included, '
-      'taken with the machine shared (indicative only).', '',
+      'taken with the machine shared (indicative only).'
+      + (' Fidelity to the float32 twin, the same optimizer with every '
+         'state in fp32 (Shampoo fp32, SOAP fp32) fed the same gradients '
+         'and params (`optax_q.track_fidelity`, mean over the seeds that '
+         'have it): the median over steps of the update-norm ratio and of '
+         'the update cosine, and the final distance from the twin\'s '
+         'weights relative to how far the twin moved; a float32 '
+         'configuration is its own twin (1, 1, 0). '
+         + (_common.fidelity_provenance(meta['fidelity'])
+            if meta.get('fidelity') else
+            "Step times of the runs beside a twin include the twin's.")
+         if fidelity else ''), '',
       '![final validation loss per configuration](second_order.png)', '',
   ]
   rows = [[s['config'], f"{s['mean']:.4f}", f"{s['spread']:.4f}",
+           *((_fidelity_cell(s.get(key)) for key in _common.FIDELITY)
+             if fidelity else ()),
            f"{s['bytes_per_param']:.2f}", f"{s['step_ms']:.1f}"]
           for s in result['summary']]
   lines.append(_common.markdown_table(
-      ['config', 'val loss', 'spread', 'bytes/param', 'step ms'], rows))
+      ['config', 'val loss', 'spread',
+       *(('norm ratio', 'cosine', 'weight distance') if fidelity else ()),
+       'bytes/param', 'step ms'], rows))
   lines += ['', '## Targets', '']
   for key, c in result['claims'].items():
     lines.append(f'- **{key}**: ' + ', '.join(
@@ -309,9 +374,19 @@ def make_parser() -> argparse.ArgumentParser:
                       'seeds; smoke: a few steps of a tiny model (for the '
                       'tests)')
   parser.add_argument('--configs', nargs='+', choices=list(CONFIGS),
-                      default=list(CONFIGS),
                       help="optimizer and state-format configurations "
-                      "trained ('<optimizer> <formats>[+resets]')")
+                      "trained ('<optimizer> <formats>[+resets]'; default: "
+                      'all; with --add-fidelity, every low-bit one of the '
+                      'result)')
+  parser.add_argument('--seeds', type=int, nargs='+',
+                      help="seeds trained (default: the mode's; required "
+                      'with --add-fidelity)')
+  parser.add_argument(
+      '--fidelity', action=argparse.BooleanOptionalAction, default=True,
+      help='train each low-bit run beside its float32 twin '
+      '(optax_q.track_fidelity) and report the norm ratio, cosine and '
+      'weight distance; the step times then include the twin')
+  _common.add_fidelity_argument(parser)
   parser.add_argument('--update', action='store_true',
                       help='train only --configs and replace their rows in '
                       'the second_order.json in --out')
@@ -330,6 +405,10 @@ def make_parser() -> argparse.ArgumentParser:
 def _finish(out: pathlib.Path, result) -> str:
   result['summary'] = summarize(result['rows'])
   result['claims'] = claims(result['summary'])
+  return _write(out, result)
+
+
+def _write(out: pathlib.Path, result) -> str:
   (out / 'second_order.json').write_text(
       json.dumps(result, indent=1, allow_nan=True) + '\n')
   md = render_markdown(result)
@@ -338,27 +417,77 @@ def _finish(out: pathlib.Path, result) -> str:
   return md
 
 
+def add_fidelity(args, argv) -> str:
+  """Reruns ``args.seeds`` of the result in ``args.out`` beside the float32
+  twins, with the settings recorded in it, and adds their fidelity."""
+  out = pathlib.Path(args.out)
+  result = json.loads((out / 'second_order.json').read_text())
+  meta, rows = result['meta'], result['rows']
+  # The recorded run's settings, not this command's: its mode, steps and
+  # model, and the corpus its command named.
+  recorded = make_parser().parse_known_args(
+      shlex.split(meta['command'])[2:])[0]
+  if 'run_config' in meta:
+    cfg = _common.RunConfig(**meta['run_config'])
+  else:
+    cfg = dataclasses.replace(run_config(MODES[meta['mode']]),
+                              steps=meta['steps'])
+  published = list(dict.fromkeys(r['config'] for r in rows))
+  names = [n for n in args.configs or published
+           if n in published and twin(n) is not None]
+  missing = set(args.seeds) - {r['seed'] for r in rows}
+  if missing:
+    raise SystemExit(f'--add-fidelity: no published runs of seeds '
+                     f'{sorted(missing)}')
+  measured = []
+  train_rows(cfg, args.seeds, data.load_corpus(meta.get('data',
+                                                        recorded.data)),
+             names, measured)
+  meta['fidelity'] = _common.merge_fidelity(
+      rows, measured, command=_common.command_line(__file__, argv),
+      seeds=args.seeds)
+  for row in rows:
+    if twin(row['config']) is None:
+      row.update(_common.BASELINE_FIDELITY)
+  for s in result['summary']:
+    s.update(_common.fidelity_means(
+        [r for r in rows if r['config'] == s['config']]))
+  print(json.dumps(meta['fidelity'], indent=1))
+  return _write(out, result)
+
+
 def main(argv=None):
-  args = make_parser().parse_args(argv)
+  parser = make_parser()
+  args = parser.parse_args(argv)
   out = pathlib.Path(args.out)
   if args.render:
     return _finish(out, json.loads((out / 'second_order.json').read_text()))
+  if args.add_fidelity:
+    if not args.seeds:
+      parser.error('--add-fidelity needs --seeds')
+    return add_fidelity(args, argv)
   mode = MODES[args.mode]
+  if args.seeds:
+    mode = dataclasses.replace(mode, seeds=tuple(args.seeds))
+  configs = args.configs or list(CONFIGS)
+  cfg = run_config(mode)
   start = time.time()
   rows = []
   if args.update:
     previous = json.loads((out / 'second_order.json').read_text())
-    rows = [r for r in previous['rows'] if r['config'] not in args.configs]
+    rows = [r for r in previous['rows'] if r['config'] not in configs]
   corpus = data.load_corpus(args.data)
   out.mkdir(parents=True, exist_ok=True)
   meta = dict(command=_common.command_line(__file__, argv),
               git_revision=_common.git_revision(), date=_common.now_utc(),
               machine=_common.machine(), mode=args.mode, steps=mode.steps,
-              seeds=list(mode.seeds))
+              seeds=list(mode.seeds), data=args.data,
+              run_config=dataclasses.asdict(cfg))
   md = ''
-  for name in args.configs:
+  for name in configs:
     rows = [r for r in rows if r['config'] != name]
-    train_rows(mode, corpus, [name], rows)
+    train_rows(cfg, mode.seeds, corpus, [name], rows,
+               fidelity=args.fidelity)
     # Written after every config, so a long run keeps what it measured.
     meta['seconds'] = time.time() - start
     md = _finish(out, dict(meta=meta, rows=rows))

@@ -726,9 +726,22 @@ class StudySecondOrderTest(_DocsUnchanged):
     self.assertIn('python examples/study_second_order.py',
                   saved['meta']['command'])
     self.assertIn('| soap fp8+resets |', md)
+    self.assertIn('| norm ratio | cosine | weight distance |', md)
+    self.assertEqual(saved['rows'][0]['cosine'], 1.0)  # Its own twin.
+    self.assertLess(saved['rows'][1]['cosine'], 1.0)
     again, _ = _quiet(study_second_order.main,
                       ['--render', '--out', str(self.out)])
     self.assertEqual(again, md)
+    # --add-fidelity reruns a seed of the written result beside the twin:
+    # the same losses, the rest of the result kept.
+    md, _ = _quiet(study_second_order.main, [
+        '--add-fidelity', '--seeds', '0', '--configs', 'shampoo 4-bit',
+        '--out', str(self.out)])
+    added = json.loads((self.out / 'second_order.json').read_text())
+    record = added['meta'].pop('fidelity')
+    self.assertEqual((record['rows'], record['loss_equal']), (1, 1))
+    self.assertEqual(added, saved)
+    self.assertIn('all 1 reruns reproduced the published loss', md)
 
   def test_published_page_is_its_json_rendered(self):
     results = _ROOT / 'docs' / 'results'
