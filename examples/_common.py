@@ -71,7 +71,9 @@ class OptConfig:
       and ``rounding=None`` means plain ``optax.adamw``).
     nu_format: second-moment format.
     rounding: ``'nearest'``, ``'stochastic'``, ``'hybrid'`` (first moment
-      to nearest, second moment stochastic) or ``None`` (fp32).
+      to nearest, second moment stochastic), ``'preconditioner'`` (the
+      second moment rounded in preconditioner space, the first
+      stochastically) or ``None`` (fp32).
     scale_mode: ``optax_q.adamw``'s ``scale_mode`` (None: the formats'),
       or ``(field, mode)`` pairs for a mode per moment (hashable, unlike a
       dict).
@@ -96,7 +98,8 @@ FP32 = OptConfig('fp32', 'fp32', 'fp32', None)
 # `study_precision.py --configs` (see docs/precision.md).
 FOUR_BIT = ('fp4_e2m1', 'fp4_e2m2u')
 
-_ROUNDING_TAG = {'nearest': 'rn', 'stochastic': 'sr', 'hybrid': 'mix'}
+_ROUNDING_TAG = {'nearest': 'rn', 'stochastic': 'sr', 'hybrid': 'mix',
+                 'preconditioner': 'pc'}
 
 # 'hybrid': mu rounded to nearest (it is rewritten every step at b1 = 0.9,
 # so it does not stall), nu stochastically (it stalls under round-to-nearest
@@ -118,7 +121,8 @@ def opt_config(mu_format: str, nu_format: str | None = None,
 
 
 def parse_config(spec: str) -> OptConfig:
-  """``'fp32'``, ``'fp8_e4m3/sr'``, ``'int4+fp4_e2m2u/rn'``, ``'4bit/sr'``;
+  """``'fp32'``, ``'fp8_e4m3/sr'``, ``'int4+fp4_e2m2u/rn'``, ``'4bit/sr'``,
+  ``'nf4+int4_mulaw/pc'`` (preconditioner-space rounding);
   a trailing ``'/pow2'`` (``'nf4+ue4m0/sr/pow2'``) stores power-of-two
   scales, a trailing ``'/rank1'`` the second moment with rank-1 scales
   (``scale_mode={'nu': 'rank1'}``)."""
@@ -133,10 +137,11 @@ def parse_config(spec: str) -> OptConfig:
     return FP32
   rounding = {'rn': 'nearest', 'nearest': 'nearest', 'sr': 'stochastic',
               'stochastic': 'stochastic', '': 'stochastic',
-              'mix': 'hybrid', 'hybrid': 'hybrid'}.get(tag)
+              'mix': 'hybrid', 'hybrid': 'hybrid', 'pc': 'preconditioner',
+              'preconditioner': 'preconditioner'}.get(tag)
   if rounding is None:
     raise ValueError(
-        f'bad rounding {tag!r} in {spec!r}: use /rn, /sr or /mix')
+        f'bad rounding {tag!r} in {spec!r}: use /rn, /sr, /mix or /pc')
   if fmt == '4bit':
     return opt_config(*FOUR_BIT, rounding,
                       name=f'4bit/{_ROUNDING_TAG[rounding]}')
@@ -257,7 +262,8 @@ def make_optimizer(opt: OptConfig, cfg: RunConfig,
   return _make_optimizer(
       opt, _schedule_args(cfg), cfg.weight_decay, cfg.clip_norm, cfg.b1,
       cfg.b2, cfg.eps, cfg.block_size, cfg.min_size,
-      seed if opt.rounding in ('stochastic', 'hybrid') else 0)
+      seed if opt.rounding in ('stochastic', 'hybrid', 'preconditioner')
+      else 0)
 
 
 @functools.lru_cache(maxsize=64)
