@@ -170,9 +170,12 @@ def render(result):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0],
                                    formatter_class=_common.HelpFormatter)
-  parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
-  parser.add_argument('--steps', type=int, default=1500)
-  parser.add_argument('--formats', nargs='+', default=list(FORMATS))
+  parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2],
+                      help='seeds; each runs every configuration')
+  parser.add_argument('--steps', type=int, default=1500,
+                      help='AdamW steps of each run')
+  parser.add_argument('--formats', nargs='+', default=list(FORMATS),
+                      help='first-moment formats')
   _common.add_out_argument(parser, __file__)
   args = parser.parse_args(argv)
   t0 = time.perf_counter()
