@@ -362,7 +362,8 @@ def merge_fidelity(published: list[dict[str, Any]],
                    measured: Sequence[dict[str, Any]], *,
                    keys: Sequence[str] = ('config', 'seed'),
                    loss: str = 'final_val_loss',
-                   command: str, seeds: Sequence[int]) -> dict[str, Any]:
+                   command: str, seeds: Sequence[int],
+                   previous: dict[str, Any] | None = None) -> dict[str, Any]:
   """Copies the fidelity fields of ``measured`` rows into ``published``.
 
   Each measured row (a rerun of one published run beside its float32 twin,
@@ -376,8 +377,17 @@ def merge_fidelity(published: list[dict[str, Any]],
 
   Returns the record to keep in the result's metadata: the command, the
   revision, the date, the seeds, how many rows got fidelity, how many of
-  their losses were equal and the largest relative difference.
+  their losses were equal and the largest relative difference; with the
+  ``previous`` record of an earlier merge into the same result, the two
+  combined (commands joined, seeds and counts added up).
   """
+  if not measured:
+    raise ValueError('no rerun rows to merge: every configuration asked '
+                     'for is float32 or not tracked')
+  for rows, what in ((published, 'published'), (measured, 'rerun')):
+    keyed = [tuple(r[k] for k in keys) for r in rows]
+    if len(set(keyed)) != len(keyed):
+      raise ValueError(f'{what} rows are not told apart by {list(keys)}')
   index = {tuple(r[k] for k in keys): r for r in published}
   equal, worst = 0, 0.0
   for row in measured:
@@ -395,9 +405,24 @@ def merge_fidelity(published: list[dict[str, Any]],
         worst = max(worst, abs(after - before) / max(abs(before), 1e-30))
       else:
         worst = float('inf')
-  return dict(command=command, git_revision=git_revision(), date=now_utc(),
-              machine=machine(), seeds=list(seeds), rows=len(measured),
-              loss_equal=equal, loss_max_relative_difference=worst)
+  record = dict(command=command, git_revision=git_revision(),
+                date=now_utc(), machine=machine(), seeds=list(seeds),
+                rows=len(measured), loss_equal=equal,
+                loss_max_relative_difference=worst)
+  if previous:
+    record.update(
+        command=f"{previous['command']}; {command}",
+        seeds=sorted(set(previous['seeds']) | set(seeds)),
+        rows=previous['rows'] + record['rows'],
+        loss_equal=previous['loss_equal'] + equal,
+        loss_max_relative_difference=max(
+            previous['loss_max_relative_difference'], worst))
+  return record
+
+
+def fidelity_cell(x: float | None) -> str:
+  """A fidelity value in a results table: three decimals, '-' for none."""
+  return '-' if x is None or x != x else f'{x:.3f}'
 
 
 def fidelity_provenance(record: dict[str, Any] | None) -> str:

@@ -35,8 +35,8 @@ moment is all that differs from the float32 twin the run is compared with
 (``optax_q.track_fidelity``: update-norm ratio and cosine, medians over the
 steps, and the final weight distance).
 
-  python examples/scale_calibration.py                    # runs/scale_calibration/
-  python examples/scale_calibration.py --out docs/results # the published page
+  python examples/scale_calibration.py      # into runs/scale_calibration/
+  python examples/scale_calibration.py --out docs/results  # published
 """
 
 import argparse
@@ -71,13 +71,15 @@ def calibrated_round_trip(x, fmt, key, calibrate):
   decoded = qarray.decode(q)
   if not calibrate:
     return decoded
-  xb = qarray._blocked(x, 'block', BLOCK)  # pylint: disable=protected-access
-  db = qarray._blocked(decoded, 'block', BLOCK)  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  xb = qarray._blocked(x, 'block', BLOCK)
+  db = qarray._blocked(decoded, 'block', BLOCK)
   dot = jnp.sum(xb * db, axis=-1, keepdims=True)
   ok = dot > 0
   c = jnp.where(ok, jnp.sum(xb * xb, axis=-1, keepdims=True)
                 / jnp.where(ok, dot, 1.0), 1.0)
-  return qarray._unblocked(db * c, x)  # pylint: disable=protected-access
+  return qarray._unblocked(db * c, x)
+  # pylint: enable=protected-access
 
 
 def stored_first_moment(tx, fmt, rounding, calibrate, seed):

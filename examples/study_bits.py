@@ -248,7 +248,8 @@ def run_one(task, config, seed, mode: Mode, setup, progress,
       desc=f'{task} {config}', after_step=recorder)
   state = _common.inner_state(result.opt_state)
   times = result.step_times[1:]
-  step_fn = train._train_step_fn(model, tx, loss_fn, 0, None)  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  step_fn = train._train_step_fn(model, tx, loss_fn, 0, None)
   final = result.evals[-1]
   row = dict(
       task=task, config=config, seed=seed,
@@ -259,7 +260,8 @@ def run_one(task, config, seed, mode: Mode, setup, progress,
           state, quantized_only=True),
       state_bytes=int(optax_q.state_nbytes(state)),
       step_ms_median=1e3 * float(np.median(times)),
-      compiled_steps=int(step_fn._cache_size()),  # pylint: disable=protected-access
+      # pylint: disable-next=protected-access
+      compiled_steps=int(step_fn._cache_size()),
   )
   if tracked:
     row.update(_common.fidelity_fields(result.opt_state))
@@ -452,9 +454,6 @@ def _yes_no(all_bits, quantized_bits, bound):
   return '**no**'
 
 
-def _fidelity_cell(x):
-  return '-' if x is None or x != x else f'{x:.3f}'
-
 
 def render_markdown(meta, summary):
   """The results page. The fidelity columns (and the sentences on them)
@@ -488,7 +487,7 @@ def render_markdown(meta, summary):
         '—' if s['config'] == 'fp32' else
         f"{s['mean_gap']:+.4f} ± {s['std_gap']:.4f}",
         '—' if s['config'] == 'fp32' else f"{100 * s['mean_rel_gap']:+.2f}%",
-        *((_fidelity_cell(s.get(key)) for key in _common.FIDELITY)
+        *((_common.fidelity_cell(s.get(key)) for key in _common.FIDELITY)
           if fidelity else ()),
         f"{s['step_ms_median']:.0f}", met))
   record = meta.get('fidelity')
@@ -766,7 +765,8 @@ def add_fidelity(args, argv, out):
               f"({time.perf_counter() - t_start:.0f} s)", flush=True)
   record = _common.merge_fidelity(
       result['rows'], measured, keys=('task', 'config', 'seed'),
-      command=_common.command_line(__file__, argv), seeds=args.seeds)
+      command=_common.command_line(__file__, argv), seeds=args.seeds,
+      previous=result.get('fidelity'))
   for row in result['rows']:
     if row['config'] == 'fp32':
       row.update(_common.BASELINE_FIDELITY)

@@ -362,9 +362,6 @@ def _delta(s):
   return '-' if s['delta_pct'] != s['delta_pct'] else f'{s["delta_pct"]:+.2f}'
 
 
-def _fidelity_cell(x):
-  return '-' if x is None or x != x else f'{x:.3f}'
-
 
 def _fidelity_section(result) -> str:
   """The fidelity table and what it says ('' for results without it).
@@ -378,7 +375,7 @@ def _fidelity_section(result) -> str:
   table = _common.markdown_table(
       ('config', 'val loss', *FIDELITY_HEADER),
       [(s['config'], _f(s['mean_loss']),
-        *(_fidelity_cell(s.get(k)) for k in _common.FIDELITY))
+        *(_common.fidelity_cell(s.get(k)) for k in _common.FIDELITY))
        for s in summary])
   record = result['meta'].get('fidelity')
   source = (_common.fidelity_provenance(record) if record else
@@ -551,7 +548,7 @@ def add_fidelity(args, argv, out):
     jax.clear_caches()
   meta['fidelity'] = _common.merge_fidelity(
       result['rows'], measured, command=_common.command_line(__file__, argv),
-      seeds=seeds)
+      seeds=seeds, previous=meta.get('fidelity'))
   for row in result['rows']:
     if row['config'] == FP32.name:
       row.update(_common.BASELINE_FIDELITY)

@@ -166,9 +166,6 @@ def verdict(name, s):
 # ----------------------------------------------------------------------------
 
 
-def _fidelity_cell(x):
-  return '-' if x is None or x != x else f'{x:.3f}'
-
 
 def render_markdown(meta, summary):
   """The results page: provenance, then the table.
@@ -196,7 +193,7 @@ def render_markdown(meta, summary):
          f"{s['mean_gap']:+.4f} ± {s['std_gap']:.4f}"),
         ('—' if s['config'] == 'fp32' else
          f"{100 * s['mean_rel_gap']:+.2f}%"),
-        *((_fidelity_cell(s.get(key)) for key in _common.FIDELITY)
+        *((_common.fidelity_cell(s.get(key)) for key in _common.FIDELITY)
           if fidelity else ()),
         f"{s['step_ms_median']:.0f} ({s['step_ratio_to_fp32']:.2f}x)",
         s['target'], met))
@@ -480,6 +477,9 @@ def add_fidelity(args, argv, out):
   unknown = sorted(set(names) - set(result['configs']))
   if unknown:
     raise ValueError(f'{path} has no configurations {unknown}')
+  missing = sorted(set(args.seeds) - set(result['seeds']))
+  if missing:
+    raise ValueError(f'{path} has no seeds {missing}')
   model = _common.make_model(cfg)
   eval_fn = _common.make_eval_fn(cfg, corpus)
   measured = []
@@ -497,7 +497,7 @@ def add_fidelity(args, argv, out):
       row.update(_common.BASELINE_FIDELITY)
   result['fidelity'] = _common.merge_fidelity(
       result['rows'], measured, command=_common.command_line(__file__, argv),
-      seeds=args.seeds)
+      seeds=args.seeds, previous=result.get('fidelity'))
   result['summary'] = summarize(result['rows'])
   md = write_outputs(result, out, args.doc, args.name)
   print(md)

@@ -303,9 +303,6 @@ def plot(result, path) -> pathlib.Path:
   return pathlib.Path(path)
 
 
-def _fidelity_cell(x):
-  return '-' if x is None or x != x else f'{x:.3f}'
-
 
 def render_markdown(result) -> str:
   """The results page; the fidelity columns (and the sentences on them)
@@ -349,7 +346,7 @@ def render_markdown(result) -> str:
       '![final validation loss per configuration](second_order.png)', '',
   ]
   rows = [[s['config'], f"{s['mean']:.4f}", f"{s['spread']:.4f}",
-           *((_fidelity_cell(s.get(key)) for key in _common.FIDELITY)
+           *((_common.fidelity_cell(s.get(key)) for key in _common.FIDELITY)
              if fidelity else ()),
            f"{s['bytes_per_param']:.2f}", f"{s['step_ms']:.1f}"]
           for s in result['summary']]
@@ -445,7 +442,7 @@ def add_fidelity(args, argv) -> str:
              names, measured)
   meta['fidelity'] = _common.merge_fidelity(
       rows, measured, command=_common.command_line(__file__, argv),
-      seeds=args.seeds)
+      seeds=args.seeds, previous=meta.get('fidelity'))
   for row in rows:
     if twin(row['config']) is None:
       row.update(_common.BASELINE_FIDELITY)

@@ -429,6 +429,27 @@ class MasterFreeTest(parameterized.TestCase):
     self.assertGreater(float(np.median(fp8.weight_distance)),
                        float(np.median(fp16.weight_distance)))
 
+  def test_weights_that_do_not_move_took_no_step(self):
+    # Zero gradients and no weight decay: neither eco nor the twin moves a
+    # weight, and a weight decoded twice under jit must give a zero step
+    # (not the last bits of a fused multiply-subtract), so the records are
+    # the conventions at zero: 1, 1 and 0.
+    params = _master_free_params('fp8_e4m3')
+    tx = optax_q.track_fidelity(
+        optax_q.eco(optax.inject_hyperparams(optax.adam)(1e-3),
+                    rounding='stochastic'),
+        optax.adam(1e-3), steps=3)
+    state = tx.init(params)
+    zeros = jax.tree.map(jnp.zeros_like,
+                         optax_q.dequantize_params(params, jnp.float32))
+    update = jax.jit(tx.update)
+    for _ in range(3):
+      updates, state = update(zeros, state, params)
+      params = optax_q.apply_updates(params, updates)
+    np.testing.assert_array_equal(state.norm_ratio, 1.0)
+    np.testing.assert_array_equal(state.cosine, 1.0)
+    np.testing.assert_array_equal(state.weight_distance, 0.0)
+
   @parameterized.named_parameters(('fp16', 'fp16', 'nearest'),
                                   ('fp8', 'fp8_e4m3', 'stochastic'))
   def test_updates_are_ecos_bit_for_bit(self, fmt, rounding):

@@ -240,6 +240,18 @@ class ExamplesTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'no configurations'):
       study_precision.main(['--add-fidelity', '--configs', 'int4/sr',
                             '--out', str(out), '--no-progress'])
+    with self.assertRaisesRegex(ValueError, 'no seeds'):
+      study_precision.main(['--add-fidelity', '--seeds', '7',
+                            '--out', str(out), '--no-progress'])
+    # A second merge adds to the first one's record.
+    _quiet(study_precision.main, [
+        '--add-fidelity', '--seeds', '0', '--out', str(out), '--no-progress'])
+    res = json.loads((out / 'precision.json').read_text())
+    self.assertEqual(res['fidelity']['seeds'], [0, 1])
+    self.assertEqual(res['fidelity']['rows'], 2)
+    self.assertEqual(res['fidelity']['loss_equal'], 2)
+    self.assertIn('; python examples/study_precision.py',
+                  res['fidelity']['command'])
 
   def test_study_render_refreshes_a_page_only_when_named(self):
     out = self.dir / 'render'

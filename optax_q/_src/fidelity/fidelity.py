@@ -303,7 +303,8 @@ def _decoded(params: Any) -> Any:
 
 def _landed(params: Any, updates: Any) -> tuple[Any, Any]:
   """The weights ``updates`` gives params with QArray leaves, and the steps
-  that took them there, as float32 trees of the decoded params' structure.
+  that took them there, as trees of the decoded params' structure (float32
+  for the quantized leaves, the plain leaves' own dtypes for the rest).
 
   A QArray leaf's update holds its new quantized weights (the
   ``NewWeights`` of [`optax_q.eco`][optax_q.eco]), whose ``weights``
@@ -327,13 +328,17 @@ def _landed(params: Any, updates: Any) -> tuple[Any, Any]:
       where = jax.tree_util.keystr(path)
       if not callable(getattr(u, 'weights', None)):
         raise ValueError(
-            f'the update of the quantized parameter {where} is a '
+            f'the update of the quantized parameter {where} is of type '
             f'{type(u).__name__}, not new quantized weights: a transform '
             'that trains QArray params (optax_q.eco) returns them.')
       old = qarray_lib.dequantize(p, _F32)
       new = qarray_lib.dequantize(u.weights(p, where), _F32)
       applied.append(new)
-      steps.append(new - old)
+      # A weight that kept its value took no step: the compiler may fuse
+      # the decode into the difference (a multiply-subtract), which would
+      # otherwise leave the last bits of the product for a weight that
+      # did not move.
+      steps.append(jnp.where(new == old, _F32(0), new - old))
     else:
       applied.append(optax.apply_updates(p, u))
       steps.append(u)
@@ -394,8 +399,9 @@ def track_fidelity(
 
   rounding of the new weight included (for a plain leaf `u_k` is
   ``tx``'s update). The weight distance takes the decoded weights too:
-  `D(p_{k+1})` for `p_k + u_k` and `D(p_0)` for `p_0`. A quantized leaf whose update is not
-  new weights (a float array) raises a ``ValueError``.
+  `D(p_{k+1})` for `p_k + u_k` and `D(p_0)` for `p_0`. A quantized leaf
+  whose update is not new weights (a float array) raises a
+  ``ValueError``.
 
   Why not compare losses: stochastic rounding keeps a low-bit second
   moment unbiased, `E[Q(v)] = v`, but `1 / (\sqrt{v} + \epsilon)` is
@@ -507,12 +513,12 @@ def track_fidelity(
     ref_updates, ref_state = jax.lax.cond(
         recording, run_reference, skip_reference, state.reference_state)
 
-    def record(ref_params, records):
+    def record(ref_params, records, landed):
       ref_params = jax.tree.map(
           lambda p, r: p + jnp.asarray(r, _F32) if _is_float(p) else p,
           ref_params, ref_updates)
       if master_free:
-        applied, steps_taken = _landed(params, new_updates)
+        applied, steps_taken = landed
       else:
         applied = optax.apply_updates(params, new_updates)
         steps_taken = new_updates
@@ -524,10 +530,15 @@ def track_fidelity(
       return ref_params, {name: records[name].at[state.count].set(
           values[name]) for name in METRICS}
 
-    # Only what recording changes passes through the conditional.
+    # Only what recording changes passes through the conditional, and the
+    # decoded weights of master-free params: as operands they are rounded
+    # products, the very values `init` and the reference saw, where decoded
+    # inside they could fuse into a multiply-subtract with the reference's
+    # params and show a weight that did not move as moved.
     ref_params, records = jax.lax.cond(
-        recording, record, lambda *kept: kept, state.reference_params,
-        {name: getattr(state, name) for name in METRICS})
+        recording, record, lambda *kept: kept[:2], state.reference_params,
+        {name: getattr(state, name) for name in METRICS},
+        _landed(params, new_updates) if master_free else None)
     return new_updates, state._replace(
         inner_state=inner_state, reference_state=ref_state,
         reference_params=ref_params, count=optax.safe_increment(state.count),
