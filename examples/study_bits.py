@@ -469,7 +469,7 @@ def render_markdown(meta, summary):
                  'rel. gap',
                  *(('norm ratio', 'cosine', 'weight distance') if fidelity
                    else ()),
-                 'step ms', 'within fp32 quality')
+                 'step ms', "loss within fp32's")
   bits_rows, loss_rows = [], []
   for s in summary:
     met = {None: '', True: 'yes', False: '**no**'}[s['quality_met']]
@@ -531,8 +531,9 @@ def render_markdown(meta, summary):
       _common.markdown_table(bits_header, bits_rows),
       '',
       'Loss: validation cross entropy after the last step, mean ± std over '
-      'seeds; gap: paired by seed with fp32. "within fp32 quality": the '
-      'mean gap within the fp32 seed spread, below zero, or at most +0.5%.'
+      'seeds; gap: paired by seed with fp32. "loss within fp32\'s": the '
+      'mean gap within the fp32 seed spread, below zero, or at most +0.5% '
+      '(a loss criterion, not fidelity: see the fidelity columns).'
       + fidelity_text,
       '',
       _common.markdown_table(loss_header, loss_rows),
@@ -542,7 +543,7 @@ def render_markdown(meta, summary):
       '',
       _common.markdown_table(
           ('task', 'config', 'bits', f"<= {TARGETS['bits_paper']}",
-           f"<= {TARGETS['bits_goal']}", 'within fp32 quality'),
+           f"<= {TARGETS['bits_goal']}", "loss within fp32's"),
           [(s['task'], f"`{s['config']}`",
             f"{s['bits_mean']:.2f} / {s['bits_mean_quantized']:.2f}",
             _yes_no(s['bits_mean'], s['bits_mean_quantized'],
