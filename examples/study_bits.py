@@ -466,11 +466,10 @@ def render_markdown(meta, summary):
                  'quantized leaves only', 'final', 'peak',
                  'layouts (compiled steps)')
   loss_header = ('task', 'config', 'final val loss', 'gap to fp32',
-                 'rel. gap',
-                 *(('norm ratio', 'cosine', 'weight distance') if fidelity
-                   else ()),
-                 'step ms', "loss within fp32's")
-  bits_rows, loss_rows = [], []
+                 'rel. gap', 'step ms', "loss within fp32's")
+  fidelity_header = ('task', 'config', 'rel. gap', 'norm ratio', 'cosine',
+                     'weight distance')
+  bits_rows, loss_rows, fidelity_rows = [], [], []
   for s in summary:
     met = {None: '', True: 'yes', False: '**no**'}[s['quality_met']]
     loss = f"{s['mean_val_loss']:.4f} ± {s['std_val_loss']:.4f}"
@@ -487,9 +486,11 @@ def render_markdown(meta, summary):
         '—' if s['config'] == 'fp32' else
         f"{s['mean_gap']:+.4f} ± {s['std_gap']:.4f}",
         '—' if s['config'] == 'fp32' else f"{100 * s['mean_rel_gap']:+.2f}%",
-        *((_common.fidelity_cell(s.get(key)) for key in _common.FIDELITY)
-          if fidelity else ()),
         f"{s['step_ms_median']:.0f}", met))
+    fidelity_rows.append((
+        s['task'], f"`{s['config']}`",
+        '—' if s['config'] == 'fp32' else f"{100 * s['mean_rel_gap']:+.2f}%",
+        *(_common.fidelity_cell(s.get(key)) for key in _common.FIDELITY)))
   record = meta.get('fidelity')
   fidelity_text = ''
   if fidelity:
@@ -533,11 +534,14 @@ def render_markdown(meta, summary):
       'Loss: validation cross entropy after the last step, mean ± std over '
       'seeds; gap: paired by seed with fp32. "loss within fp32\'s": the '
       'mean gap within the fp32 seed spread, below zero, or at most +0.5% '
-      '(a loss criterion, not fidelity: see the fidelity columns).'
-      + fidelity_text,
+      '(a loss criterion, not fidelity'
+      + ('; see the fidelity table).' if fidelity else ').'),
       '',
       _common.markdown_table(loss_header, loss_rows),
       '',
+      *(('**Fidelity**' + fidelity_text.removeprefix(' Fidelity'), '',
+         _common.markdown_table(fidelity_header, fidelity_rows), '')
+        if fidelity else ()),
       '**Targets** (adaptive configurations; bits as the mean over the '
       'steps, all moment leaves / quantized leaves only):',
       '',

@@ -618,7 +618,8 @@ class StudyBitsTest(_DocsUnchanged):
     self.assertEqual(rows['fp32']['cosine'], 1.0)
     self.assertGreater(rows['adaptive']['cosine'], 0.0)
     self.assertGreater(rows['adaptive']['norm_ratio'], 0.0)
-    self.assertIn('| norm ratio | cosine | weight distance |', text)
+    self.assertIn('| rel. gap | norm ratio | cosine | weight distance |',
+                  text)
     self.assertIn('adaptive', saved['overhead']['overhead'])
     self.assertIn('python examples/study_bits.py', saved['command'])
     self.assertIn('| lm | `adaptive` |', text)
