@@ -1,0 +1,111 @@
+# Copyright 2026 The optax_q Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Every public transform's jitted step lowers for GPU and TPU.
+
+``jax.export`` lowers a function for platforms this machine does not have:
+a step that uses an operation with no GPU or TPU lowering, or a custom
+call only the CPU knows, fails here, on every commit, without either
+accelerator. One export per transform covers both platforms at once (a
+multi-platform module).
+"""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import optax
+import optax_q
+
+PLATFORMS = ('cuda', 'tpu')
+
+
+def _params():
+  keys = jax.random.split(jax.random.key(0), 3)
+  return {'w': jax.random.normal(keys[0], (128, 256)) * 0.1,
+          'v': jax.random.normal(keys[1], (4, 32, 64)) * 0.1,
+          'b': jax.random.normal(keys[2], (256,)) * 0.1}
+
+
+def _adaptive():
+  return optax_q.adaptive_bits(optax.adam(1e-3), period=2)
+
+
+# name -> a function of no arguments building the transform (built inside
+# the test, so that a constructor's failure is that case's failure).
+DROPINS = {
+    'adamw_int8': lambda: optax_q.adamw(1e-3),
+    'adamw_fp8_nearest': lambda: optax_q.adamw(
+        1e-3, mu_format='fp8_e4m3', nu_format='fp8_e4m3', rounding='nearest'),
+    'adamw_nf4_ue4m0_pow2': lambda: optax_q.adamw(
+        1e-3, mu_format='nf4', nu_format='ue4m0', scale_mode='block_pow2'),
+    'adamw_recommended_4bit': lambda: optax_q.adamw(
+        1e-3, mu_format='nf4', nu_format='int4_mulaw',
+        rounding='preconditioner'),
+    'adamw_nf3_rank1': lambda: optax_q.adamw(
+        1e-3, mu_format='nf3', nu_format='int3_mulaw',
+        scale_mode={'nu': 'rank1'}),
+    'adam_with_resets': lambda: optax_q.adam_with_resets(
+        4, formats={'mu': 'fp8_e4m3', 'nu': 'fp8_e4m3'}),
+    'lion_int4': lambda: optax_q.lion(1e-4, mu_format='int4'),
+    'sgd_momentum': lambda: optax_q.sgd(1e-2, momentum=0.9),
+    'muon': lambda: optax_q.muon(1e-2),
+    'shampoo': lambda: optax_q.shampoo(1e-3),
+    'soap': lambda: optax_q.soap(1e-3),
+    'adaptive_bits': _adaptive,
+    'quantize_gradients': lambda: optax.chain(
+        optax_q.quantize_gradients('e4m3'), optax.adam(1e-3)),
+    'fidelity': lambda: optax_q.track_fidelity(
+        optax_q.adamw(1e-3, mu_format='nf4', nu_format='ue4m0'),
+        optax.adamw(1e-3), steps=4),
+}
+
+
+def _export(step, *args):
+  return jax.export.export(jax.jit(step), platforms=PLATFORMS)(*args)
+
+
+class ExportTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*DROPINS.items())
+  def test_step_lowers_for_gpu_and_tpu(self, make):
+    tx = make()
+    params = _params()
+    state = tx.init(params)
+
+    def step(grads, state, params):
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+    exported = _export(step, params, state, params)
+    self.assertEqual(exported.platforms, PLATFORMS)
+    self.assertNotIn('custom_call @xla_python_cpu_callback',
+                     exported.mlir_module())
+
+  def test_master_free_step_lowers_for_gpu_and_tpu(self):
+    tx = optax_q.eco(optax.inject_hyperparams(optax.adamw)(1e-3))
+    params = optax_q.quantize_params(_params(), 'fp8_e4m3',
+                                     filter='matrices')
+    state = tx.init(params)
+    grads = optax_q.dequantize_params(params, jnp.float32)
+
+    def step(grads, state, params):
+      updates, state = tx.update(grads, state, params)
+      return optax_q.apply_updates(params, updates), state
+
+    exported = _export(step, grads, state, params)
+    self.assertEqual(exported.platforms, PLATFORMS)
+
+
+if __name__ == '__main__':
+  absltest.main()
