@@ -21,7 +21,7 @@ baseline and ``optax_q.adamw`` for every low-precision configuration; the
 seed sets the parameter init, the batch order and the stochastic rounding.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import argparse
 import dataclasses
 import datetime
@@ -345,10 +345,16 @@ def fidelity_fields(state: Any) -> dict[str, float]:
               weight_distance=summary['weight_distance']['last'])
 
 
-def add_fidelity_argument(parser: argparse.ArgumentParser) -> None:
-  """Adds ``--add-fidelity``: the studies' way to give a published result
-  fidelity columns without rerunning every seed (see :func:`merge_fidelity`).
-  """
+def add_fidelity_arguments(parser: argparse.ArgumentParser) -> None:
+  """Adds the studies' ``--fidelity/--no-fidelity`` (each run that is not
+  float32 trains beside its float32 twin) and ``--add-fidelity`` (a
+  published result gets fidelity columns without rerunning every seed; see
+  :func:`merge_fidelity`)."""
+  parser.add_argument(
+      '--fidelity', action=argparse.BooleanOptionalAction, default=True,
+      help='train each run that is not float32 beside its float32 twin '
+      '(optax_q.track_fidelity) and report the norm ratio, cosine and '
+      'weight distance; the step times then include the twin')
   parser.add_argument(
       '--add-fidelity', action='store_true',
       help='rerun the given --seeds (and configurations) beside their '
@@ -363,6 +369,7 @@ def merge_fidelity(published: list[dict[str, Any]],
                    keys: Sequence[str] = ('config', 'seed'),
                    loss: str = 'final_val_loss',
                    command: str, seeds: Sequence[int],
+                   float32: Callable[[dict[str, Any]], bool],
                    previous: dict[str, Any] | None = None) -> dict[str, Any]:
   """Copies the fidelity fields of ``measured`` rows into ``published``.
 
@@ -373,7 +380,9 @@ def merge_fidelity(published: list[dict[str, Any]],
   say whether its fidelity comes from the very runs it quotes (equal
   losses) or from reruns that moved (different code since, or a
   nondeterministic step). Rows without a match raise: fidelity is never
-  attached to a run that was not published.
+  attached to a run that was not published. The published rows of
+  ``seeds`` for which ``float32(row)`` holds are their own twins and get
+  :data:`BASELINE_FIDELITY` without a rerun.
 
   Returns the record to keep in the result's metadata: the command, the
   revision, the date, the seeds, how many rows got fidelity, how many of
@@ -389,6 +398,9 @@ def merge_fidelity(published: list[dict[str, Any]],
     if len(set(keyed)) != len(keyed):
       raise ValueError(f'{what} rows are not told apart by {list(keys)}')
   index = {tuple(r[k] for k in keys): r for r in published}
+  for row in published:
+    if float32(row) and row['seed'] in seeds:
+      row.update(BASELINE_FIDELITY)
   equal, worst = 0, 0.0
   for row in measured:
     key = tuple(row[k] for k in keys)

@@ -614,13 +614,7 @@ def make_parser():
                       'adaptive config)')
   parser.add_argument('--no-progress', action='store_true',
                       help='no progress bars (for logs)')
-  parser.add_argument(
-      '--fidelity', action=argparse.BooleanOptionalAction, default=True,
-      help='train each run that is not fp32 beside its float32 twin (the '
-      'fp32 AdamW of the same chain, optax_q.track_fidelity) and report '
-      'the norm ratio, cosine and weight distance; the step times then '
-      'include the twin')
-  _common.add_fidelity_argument(parser)
+  _common.add_fidelity_arguments(parser)
   parser.add_argument(
       '--render', action='store_true',
       help='only re-render the page and plots from the JSON in --out')
@@ -771,10 +765,8 @@ def add_fidelity(args, argv, out):
   record = _common.merge_fidelity(
       result['rows'], measured, keys=('task', 'config', 'seed'),
       command=_common.command_line(__file__, argv), seeds=args.seeds,
+      float32=lambda row: row['config'] == 'fp32',
       previous=result.get('fidelity'))
-  for row in result['rows']:
-    if row['config'] == 'fp32':
-      row.update(_common.BASELINE_FIDELITY)
   for s in result['summary']:
     s.update(_common.fidelity_means(
         [r for r in result['rows']

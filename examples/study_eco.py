@@ -486,12 +486,7 @@ def make_parser():
   p.add_argument('--render', action='store_true',
                  help='only re-write <name>.md and .png from the '
                  '<name>.json in --out (no training)')
-  p.add_argument(
-      '--fidelity', action=argparse.BooleanOptionalAction, default=True,
-      help='train each run that is not fp32 beside its float32 twin '
-      '(optax_q.track_fidelity) and report the norm ratio, cosine and '
-      'weight distance; the step times then include the twin')
-  _common.add_fidelity_argument(p)
+  _common.add_fidelity_arguments(p)
   _common.add_run_args(p, _common.RunConfig(steps=500))
   _common.add_out_argument(p, __file__)
   return p
@@ -548,10 +543,8 @@ def add_fidelity(args, argv, out):
     jax.clear_caches()
   meta['fidelity'] = _common.merge_fidelity(
       result['rows'], measured, command=_common.command_line(__file__, argv),
-      seeds=seeds, previous=meta.get('fidelity'))
-  for row in result['rows']:
-    if row['config'] == FP32.name:
-      row.update(_common.BASELINE_FIDELITY)
+      seeds=seeds, float32=lambda row: row['config'] == FP32.name,
+      previous=meta.get('fidelity'))
   _finish(out, args.name, result)
   record = meta['fidelity']
   print(f'{record["loss_equal"]} of {record["rows"]} reruns reproduced the '

@@ -369,12 +369,7 @@ def make_parser() -> argparse.ArgumentParser:
       '--out (no training)')
   parser.add_argument('--no-progress', action='store_true',
                       help='no progress bars (for logs)')
-  parser.add_argument(
-      '--fidelity', action=argparse.BooleanOptionalAction, default=True,
-      help='train each low-precision run beside its float32 twin '
-      '(optax_q.track_fidelity) and report the norm ratio, cosine and '
-      'weight distance; the step times then include the twin')
-  _common.add_fidelity_argument(parser)
+  _common.add_fidelity_arguments(parser)
   parser.add_argument('--data', default=None,
                       help='train on this text file instead of the stdlib')
   # Overrides of the mode's model and schedule (for smoke tests).
@@ -492,12 +487,10 @@ def add_fidelity(args, argv, out):
       print(f"{name:18s} seed {seed}: val {row['final_val_loss']:.4f}, norm "
             f"ratio {row['norm_ratio']:.3f}, cosine {row['cosine']:.3f}, "
             f"weight distance {row['weight_distance']:.3f}", flush=True)
-  for row in result['rows']:
-    if row['config'] == 'fp32' and row['seed'] in args.seeds:
-      row.update(_common.BASELINE_FIDELITY)
   result['fidelity'] = _common.merge_fidelity(
       result['rows'], measured, command=_common.command_line(__file__, argv),
-      seeds=args.seeds, previous=result.get('fidelity'))
+      seeds=args.seeds, float32=lambda row: row['config'] == 'fp32',
+      previous=result.get('fidelity'))
   result['summary'] = summarize(result['rows'])
   md = write_outputs(result, out, args.doc, args.name)
   print(md)

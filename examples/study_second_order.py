@@ -378,12 +378,7 @@ def make_parser() -> argparse.ArgumentParser:
   parser.add_argument('--seeds', type=int, nargs='+',
                       help="seeds trained (default: the mode's; required "
                       'with --add-fidelity)')
-  parser.add_argument(
-      '--fidelity', action=argparse.BooleanOptionalAction, default=True,
-      help='train each low-bit run beside its float32 twin '
-      '(optax_q.track_fidelity) and report the norm ratio, cosine and '
-      'weight distance; the step times then include the twin')
-  _common.add_fidelity_argument(parser)
+  _common.add_fidelity_arguments(parser)
   parser.add_argument('--update', action='store_true',
                       help='train only --configs and replace their rows in '
                       'the second_order.json in --out')
@@ -442,10 +437,8 @@ def add_fidelity(args, argv) -> str:
              names, measured)
   meta['fidelity'] = _common.merge_fidelity(
       rows, measured, command=_common.command_line(__file__, argv),
-      seeds=args.seeds, previous=meta.get('fidelity'))
-  for row in rows:
-    if twin(row['config']) is None:
-      row.update(_common.BASELINE_FIDELITY)
+      seeds=args.seeds, float32=lambda row: twin(row['config']) is None,
+      previous=meta.get('fidelity'))
   for s in result['summary']:
     s.update(_common.fidelity_means(
         [r for r in rows if r['config'] == s['config']]))

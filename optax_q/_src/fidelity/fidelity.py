@@ -301,12 +301,14 @@ def _decoded(params: Any) -> Any:
       is_leaf=qarray_lib.is_qarray)
 
 
-def _landed(params: Any, updates: Any) -> tuple[Any, Any]:
+def _landed(params: Any, decoded: Any, updates: Any) -> tuple[Any, Any]:
   """The weights ``updates`` gives params with QArray leaves, and the steps
   that took them there, as trees of the decoded params' structure (float32
   for the quantized leaves, the plain leaves' own dtypes for the rest).
 
-  A QArray leaf's update holds its new quantized weights (the
+  ``decoded`` is ``params`` decoded (`_decoded`), computed once per step
+  for the reference too. A QArray leaf's update holds its new quantized
+  weights (the
   ``NewWeights`` of [`optax_q.eco`][optax_q.eco]), whose ``weights``
   method writes them into the parameter's layout as
   [`optax_q.apply_updates`][optax_q.apply_updates] does: the applied weight
@@ -323,7 +325,7 @@ def _landed(params: Any, updates: Any) -> tuple[Any, Any]:
         'the updates of tx must have the structure of params (one update '
         f'per QArray leaf): {e}') from None
   applied, steps = [], []
-  for (path, p), u in zip(flat, flat_u):
+  for (path, p), old, u in zip(flat, treedef.flatten_up_to(decoded), flat_u):
     if qarray_lib.is_qarray(p):
       where = jax.tree_util.keystr(path)
       if not callable(getattr(u, 'weights', None)):
@@ -331,7 +333,6 @@ def _landed(params: Any, updates: Any) -> tuple[Any, Any]:
             f'the update of the quantized parameter {where} is of type '
             f'{type(u).__name__}, not new quantized weights: a transform '
             'that trains QArray params (optax_q.eco) returns them.')
-      old = qarray_lib.dequantize(p, _F32)
       new = qarray_lib.dequantize(u.weights(p, where), _F32)
       applied.append(new)
       # A weight that kept its value took no step: the compiler may fuse
@@ -468,8 +469,7 @@ def track_fidelity(
   reference = optax.with_extra_args_support(reference)
 
   def init_fn(params):
-    params32 = _float32_copy(
-        _decoded(params) if _has_qarrays(params) else params)
+    params32 = _float32_copy(_decoded(params))
     # No two fields share a buffer: a state may be donated.
     records = {name: jnp.full((steps,), jnp.nan, _F32) for name in METRICS}
     return FidelityState(
@@ -492,9 +492,10 @@ def track_fidelity(
     recording = state.count < steps
     # Master-free params (QArray leaves) reach the reference decoded.
     master_free = _has_qarrays(params)
+    decoded = _decoded(params) if master_free else params
     grads32, params32 = jax.tree.map(
         lambda x: jnp.asarray(x, _F32) if _is_float(x) else x,
-        (updates, _decoded(params) if master_free else params))
+        (updates, decoded))
 
     def run_reference(ref_state):
       return reference.update(grads32, ref_state, params32, **extra_args)
@@ -538,7 +539,7 @@ def track_fidelity(
     ref_params, records = jax.lax.cond(
         recording, record, lambda *kept: kept[:2], state.reference_params,
         {name: getattr(state, name) for name in METRICS},
-        _landed(params, new_updates) if master_free else None)
+        _landed(params, decoded, new_updates) if master_free else None)
     return new_updates, state._replace(
         inner_state=inner_state, reference_state=ref_state,
         reference_params=ref_params, count=optax.safe_increment(state.count),
