@@ -18,7 +18,13 @@ a step that uses an operation with no GPU or TPU lowering, or a custom
 call only the CPU knows, fails here, on every commit, without either
 accelerator. One export per transform covers both platforms at once (a
 multi-platform module).
+
+The CPU's own execution (tiles of rows in a loop, the fusion device's
+conditionals) is chosen by `lax.platform_dependent` when the step is
+lowered: an accelerator's module must not hold it.
 """
+
+import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -71,6 +77,30 @@ DROPINS = {
 }
 
 
+# The drop-ins whose step has no control flow of its own: in a GPU or TPU
+# module they have no loop, and no conditional but the constant choice of
+# `lax.platform_dependent`'s branch.
+STRAIGHT = ('adamw_int8', 'adamw_fp8_nearest', 'adamw_nf4_ue4m0_pow2',
+            'adamw_recommended_4bit', 'adamw_nf3_rank1', 'lion_int4',
+            'sgd_momentum')
+
+
+def _control_flow(module: str) -> list[str]:
+  """The loops of an MLIR module, and its conditionals whose branch index
+  is not a constant (or a conditional of constants), function by function."""
+  found = []
+  for body in module.split('func.func')[1:]:
+    constant = set(re.findall(r'(%[\w#]+) = stablehlo\.constant', body))
+    for result, index in re.findall(
+        r'(%[\w#]+)(?::\d+)? = "stablehlo\.case"\((%[\w#]+)\)', body):
+      if index in constant:
+        constant.add(result)
+      else:
+        found.append(f'case on {index}')
+    found += ['while'] * body.count('stablehlo.while')
+  return found
+
+
 def _export(step, *args):
   return jax.export.export(jax.jit(step), platforms=PLATFORMS)(*args)
 
@@ -91,6 +121,22 @@ class ExportTest(parameterized.TestCase):
     self.assertEqual(exported.platforms, PLATFORMS)
     self.assertNotIn('custom_call @xla_python_cpu_callback',
                      exported.mlir_module())
+
+  @parameterized.named_parameters(*((n, DROPINS[n]) for n in STRAIGHT))
+  def test_no_cpu_execution_in_accelerator_modules(self, make):
+    tx = make()
+    # Large enough to be tiled on CPU (2^19 elements), and one small leaf.
+    params = {'w': jnp.ones((512, 1024)) * 0.1, 'b': jnp.ones((256,))}
+    state = tx.init(params)
+
+    def step(grads, state, params):
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+    cpu = jax.jit(step).lower(params, state, params).as_text()
+    self.assertNotEmpty(_control_flow(cpu))  # The CPU's loop is there.
+    self.assertEqual(_control_flow(_export(step, params, state, params)
+                                   .mlir_module()), [])
 
   def test_master_free_step_lowers_for_gpu_and_tpu(self):
     tx = optax_q.eco(optax.inject_hyperparams(optax.adamw)(1e-3))

@@ -28,6 +28,7 @@ import numpy as np
 import optax
 import optax_q
 from optax_q._src.execution import kernels
+from optax_q._src.execution import tiling
 import pytest
 
 import helpers
@@ -174,35 +175,34 @@ class KernelChoiceTest(absltest.TestCase):
     self.assertFalse(_uses_kernel(
         _storage(optax.scale_by_adam(), 'fp8_e4m3', 'xla'), params))
 
-  def test_auto_keeps_the_loop_on_cpu(self):
-    self.assertFalse(kernels.accelerated())
+  def test_auto_is_the_xla_path_on_every_platform(self):
+    # No kernel's lowering is verified for a GPU or TPU yet: 'auto' takes
+    # the XLA path, in the CPU branch and in the accelerators' branch.
     self.assertFalse(_uses_kernel(
         optax_q.adamw(1e-3, mu_format='fp8', nu_format='fp8', min_size=0),
         _params()))
+    for kernel in ('auto', 'xla'):
+      p = tiling.plan((4096, 64), tile_size=4096, tileable=True, arrays=[],
+                      scaled=True, byte_codes=True, track_stalls=False,
+                      kernel=kernel)
+      self.assertEqual((p.kernel, p.tiles), ('xla', 64))
+      self.assertEqual(tiling.for_accelerators(p).tiles, 1)
 
-  def test_auto_takes_the_kernel_where_it_lowers(self):
-    params = _params()
-    tx = _storage(optax.scale_by_adam(), 'int4', 'auto')
-    with absltest.mock.patch.object(kernels, 'accelerated', lambda: True):
-      self.assertTrue(_uses_kernel(tx, params))
-      with absltest.mock.patch.object(kernels, 'lowers',
-                                      lambda *args: False):
-        self.assertFalse(_uses_kernel(tx, params))
+  def test_pallas_is_interpreted_for_cpu_compiled_elsewhere(self):
+    p = tiling.plan((4096, 64), tile_size=4096, tileable=True, arrays=[],
+                    scaled=True, byte_codes=True, track_stalls=False,
+                    kernel='pallas')
+    self.assertEqual((p.kernel, p.interpret), ('pallas', True))
+    accelerated = tiling.for_accelerators(p)
+    self.assertEqual((accelerated.kernel, accelerated.interpret,
+                      accelerated.tiles), ('pallas', False, 64))
 
   def test_stall_telemetry_keeps_the_loop(self):
-    tx = optax_q.quantize_state(
-        optax.scale_by_adam(), 'fp8_e4m3', min_size=0, elementwise=True,
-        tile_size=4096, track_stalls=True)
-    with absltest.mock.patch.object(kernels, 'accelerated', lambda: True):
-      self.assertFalse(_uses_kernel(tx, _params()))
-
-  def test_lowers(self):
-    x = jnp.ones((4,))
-    self.assertTrue(kernels.lowers(lambda a: a * 2, (x,)))
-
-    def bad(a):
-      raise NotImplementedError('no lowering')
-    self.assertFalse(kernels.lowers(bad, (x,)))
+    p = tiling.plan((4096, 64), tile_size=4096, tileable=True, arrays=[],
+                    scaled=True, byte_codes=True, track_stalls=True,
+                    kernel='pallas')
+    self.assertEqual(p.kernel, 'xla')
+    self.assertFalse(p.in_place)
 
   def test_bad_arguments(self):
     for bad in ('gpu', 'PALLAS', None, 1, True):

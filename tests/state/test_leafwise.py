@@ -37,7 +37,6 @@ import optax_q
 
 import helpers
 from optax_q._src.codec import rounding as rounding_lib
-from optax_q._src.execution import fusion
 from optax_q._src.execution import tiling
 from optax_q._src.state import leafwise
 
@@ -230,7 +229,10 @@ class ApartTest(parameterized.TestCase):
     jax.clear_caches()
     got, apart = _run(tx, params, steps=1), conds()
     jax.clear_caches()
-    with mock.patch.object(fusion, 'on_cpu', lambda: False):
+    # The plan a GPU or TPU lowering takes (no fusion device, no tiles),
+    # run here on CPU.
+    with mock.patch.object(tiling, 'per_platform',
+                           lambda p, fn: fn(tiling.for_accelerators(p))):
       want, fused = _run(tx, params, steps=1), conds()
     jax.clear_caches()
     self.assertGreater(apart, fused)

@@ -39,11 +39,6 @@ import jax.numpy as jnp
 from optax_q._src.core import explicit
 
 
-def on_cpu() -> bool:
-  """Whether the default backend is XLA:CPU."""
-  return jax.default_backend() == 'cpu'
-
-
 def apart(fn: Callable[[], Any], token: jax.Array) -> Any:
   """``fn()``, computed into buffers of its own (``token`` is never
   negative: a loop index, say).
@@ -53,7 +48,7 @@ def apart(fn: Callable[[], Any], token: jax.Array) -> Any:
   into each consumer, where it would be computed again per consumer (and an
   in-place fusion runs on one core). ``lax.optimization_barrier`` does not
   do this on XLA:CPU. Elsewhere a conditional may cost a host round trip,
-  so callers use it on CPU only (`on_cpu`).
+  so only steps lowered for CPU use it (`tiling.per_platform`).
   """
   shapes = jax.eval_shape(fn)
   # On an Explicit mesh the skipped branch's zeros take the sharding of the

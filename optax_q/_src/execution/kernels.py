@@ -26,20 +26,16 @@ compare them bit for bit) its codes are the XLA loop's.
 On GPU (Triton) and TPU (Mosaic) the whole step of a tile would be one
 kernel: the moments decoded, updated, reduced to their block maxima and
 encoded in registers and on-chip memory, once. A tile is one block here,
-which is larger than a GPU program holds, and on an H200 Pallas' Triton
-lowering refused this step for every format family (the performance
-page's GPU section says why for each). Where a step does not lower,
-``kernel='auto'`` keeps the XLA loop: `lowers` compiles the kernel once, at
-trace time, and says whether it did.
-
-``'auto'`` takes the kernel only where the step runs on one device: under
-a mesh it keeps the XLA loop, which the compiler partitions (a custom call
-it cannot split would be gathered whole).
+which is larger than a GPU program holds, and on an H100 and an H200 Pallas'
+Triton lowering refused this step for every format family (the performance
+page's GPU section says why for each). So the kernel runs only where it is
+asked for (``kernel='pallas'``); ``'auto'``, the default, takes the XLA
+path on every platform until a kernel's lowering is verified for one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -48,24 +44,10 @@ from jax.extend import core as jax_core
 import jax.numpy as jnp
 
 KERNELS = ('auto', 'xla', 'pallas')
-"""The values of ``kernel``: ``'xla'`` (a loop the compiler fuses),
-``'pallas'`` (one Pallas kernel per tiled leaf; interpreted on CPU, for
-tests) and ``'auto'`` (Pallas on GPU and TPU where it lowers, else XLA)."""
-
-_ACCELERATORS = ('gpu', 'tpu')
-
-
-def interpret() -> bool:
-  """Whether Pallas kernels run interpreted (on CPU, where none compile)."""
-  return jax.default_backend() not in _ACCELERATORS
-
-
-def accelerated() -> bool:
-  """Whether ``kernel='auto'`` may choose Pallas here: a GPU or TPU, one
-  device, and no mesh in context."""
-  if jax.default_backend() not in _ACCELERATORS:
-    return False
-  return jax.sharding.get_abstract_mesh().empty and jax.device_count() == 1
+"""The values of ``kernel``: ``'xla'`` (what the compiler fuses),
+``'pallas'`` (one Pallas kernel per tiled leaf; interpreted where the step
+is lowered for CPU, for tests) and ``'auto'`` (the kernel where its
+lowering is verified for the platform: at present none, so XLA)."""
 
 
 def _spec(x: jax.Array, tiles: int, tiled: bool) -> pl.BlockSpec:
@@ -152,20 +134,3 @@ def tile_map(
       input_output_aliases={i: i for i in range(n_c)},
       interpret=interpret_mode, name='optax_q_tile_update')(*tiled, *whole)
   return c_def.unflatten(new)
-
-
-def lowers(fn: Callable[..., Any], args: Sequence[Any]) -> bool:
-  """Whether ``fn`` compiles for ``args``' shapes on this backend.
-
-  ``'auto'`` asks this at trace time, before it puts a kernel into the
-  step: a kernel that does not lower leaves the step on the XLA loop
-  instead of failing it.
-  """
-  avals = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)),
-      tuple(args))
-  try:
-    jax.jit(fn).lower(*avals).compile()
-  except Exception:  # pylint: disable=broad-except
-    return False
-  return True

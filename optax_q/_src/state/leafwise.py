@@ -262,7 +262,6 @@ class _Run(NamedTuple):
   key_for: Callable[[int], jax.Array | None]
   rounding_for: Callable[[int], str]
   track_stalls: bool
-  lowered: dict[Any, bool]  # ``'auto'``: kernels that lower.
 
   def roundings(self, entries) -> list[str]:
     return [self.rounding_for(i) for _, _, i in entries]
@@ -323,29 +322,36 @@ def update(
     # never tiled, so tiled and untiled runs still agree.
     return None
   run = _Run(functools.partial(isolated, lay, inner_update, extra_args),
-             key_for, rounding_for, track_stalls, {})
+             key_for, rounding_for, track_stalls)
   results, stalled = {}, {}
-  # Parameters that are not tiled: one isolated call each; then the large
-  # ones, one tiled loop each.
+  # Parameters that are not tiled first, then the large ones; each as its
+  # plan asks on the platform the step is lowered for.
   for j in sorted(range(len(plans)), key=lambda j: plans[j].tiles != 1):
-    if plans[j].tiles != 1:
-      results[j] = _tiled(run, lay, j, plans[j], stalled)
-      continue
-    entries = lay.entries(j)
-    (u, shaped, rest), materialize = tiling.computed(
-        lambda: run.call(  # pylint: disable=cell-var-from-loop
-            lay.grads[j], lay.param(j), [x for _, x, _ in entries],
-            run.roundings(entries)), tiling.whole_token(plans[j]))
-    new = []
-    for (_, x, i), n in zip(entries, shaped):
-      if qarray_lib.is_qarray(x):
-        n = qarray_lib.encode_like(x, n, key=run.key_for(i),
-                                   materialize=materialize)
-        if track_stalls:
-          stalled[i] = stall(x, n)
-      new.append(n)
-    results[j] = u, new, rest
+    results[j], stalled_j = tiling.per_platform(
+        plans[j], functools.partial(_param, run, lay, j))
+    stalled.update(stalled_j)
   return _reassemble(lay, results) + (stalled,)
+
+
+def _param(run: _Run, lay: Layout, j: int, plan: tiling.Plan):
+  """Parameter ``j``'s ``((update, new state leaves, shared outputs),
+  {flat index: stalled fraction})``: one isolated call, or `_tiled`."""
+  stalled = {}
+  if plan.tiles != 1:
+    return _tiled(run, lay, j, plan, stalled), stalled
+  entries = lay.entries(j)
+  (u, shaped, rest), materialize = tiling.computed(
+      lambda: run.call(lay.grads[j], lay.param(j), [x for _, x, _ in entries],
+                       run.roundings(entries)), tiling.whole_token(plan))
+  new = []
+  for (_, x, i), n in zip(entries, shaped):
+    if qarray_lib.is_qarray(x):
+      n = qarray_lib.encode_like(x, n, key=run.key_for(i),
+                                 materialize=materialize)
+      if run.track_stalls:
+        stalled[i] = stall(x, n)
+    new.append(n)
+  return (u, new, rest), stalled
 
 
 def _reassemble(lay: Layout, results: dict[int, tuple[Any, list, list]]):
@@ -434,13 +440,8 @@ def _tiled(run: _Run, lay: Layout, j: int, plan: tiling.Plan,
         row_offset=t * rows, shared=shared[0], barrier=plan.interpret,
         apart=plan.interpret and plan.apart)[0]
 
-  # One compile per distinct kernel of the step: parameters of one shape
-  # whose states have the same layout and rounding share it.
   bufs, counts = tiling.by_kernel(
-      plan, kernel_step, (_sources(entries), (g, p), (shared_slots(lay), keys)),
-      lowered=run.lowered, signature=(tiles, tuple(run.roundings(entries)), tuple(
-          (x.fmt, x.scale_mode, x.block_size, x.dtype)
-          if qarray_lib.is_qarray(x) else None for _, x, _ in entries))), []
+      plan, kernel_step, (_sources(entries), (g, p), (shared_slots(lay), keys))), []
   if bufs is None:
     g_split = tiling.split(g, tiles)
     p_split = None if p is None else tiling.split(p, tiles)
