@@ -373,8 +373,9 @@ def adamw(
       step on CPU (see the performance page). Resets with
       ``reset_every='adaptive'`` measure their own stalls and do not need it.
     kernel: How the moments of a large parameter (updated in tiles of rows)
-      are made: ``'auto'`` (Pallas kernels on a GPU or TPU where they
-      lower, else XLA), ``'xla'`` or ``'pallas'`` (also on CPU, interpreted:
+      are made: ``'auto'`` (a Pallas kernel where its lowering is verified
+      for the platform, none yet: XLA), ``'xla'`` or ``'pallas'`` (on CPU
+      interpreted:
       for tests; not with ``track_stalls``); see
       [`quantize_state`][optax_q.quantize_state].
     bits: Deprecated: compose [`adaptive_bits`][optax_q.adaptive_bits]

@@ -14,11 +14,11 @@
 """Execution: how a step is computed on the machine that runs it.
 
 - `tiling`: how one parameter's update runs (one call or tiles of rows, a
-  loop or a kernel, with or without the fusion device): the seam the
-  state layer's leafwise pass calls.
+  loop or a kernel, with or without the fusion device), per platform the
+  step is lowered for: the seam the state layer's leafwise pass calls.
 - `fusion`: the CPU fusion device (`apart`), which makes XLA:CPU compute a
   value into buffers of its own instead of once per consumer.
-- `kernels`: the Pallas tile kernel and ``kernel='auto'``'s choice.
+- `kernels`: the Pallas tile kernel.
 
 Imports nothing above `core`; the state layer calls it.
 """

@@ -20,13 +20,16 @@ decode its stored state, run the inner update, encode. This module says
 - `plan`: one call, or tiles of whole rows along the first axis (how
   many); whether the CPU fusion device (`fusion.apart`) computes the new
   moments and the block scales into buffers of their own; whether a tiled
-  leaf's tiles run as a loop or as one Pallas kernel.
+  leaf's tiles run as a loop or as one Pallas kernel. That is the plan
+  for CPU; `for_accelerators` gives a GPU's and a TPU's (one fused call,
+  or the kernel compiled), and `per_platform` runs the one of the
+  platform the step is lowered for.
 - `computed`: a value computed as the plan asks, with the ``materialize``
   function the codec's encoder takes to match.
 - `loop`: the tiles by a ``lax.fori_loop``, written in place or into
   buffers of their own.
 - `by_kernel`: the tiles by one Pallas kernel (`kernels.tile_map`) where
-  ``kernel`` asks for it, or, for ``'auto'``, where it lowers.
+  the plan has it.
 
 In the loop, tile ``t`` of ``T`` holds rows ``t, t + T, t + 2T, ...``: its
 slice is taken along a new unsharded axis of a ``(rows / T, T, ...)`` view
@@ -64,9 +67,8 @@ class Plan:
     own_buffer: Each tile's new state is computed into a buffer of its own
       and then copied into place (XLA:CPU runs in-place fusions on one
       core; see the performance page).
-    kernel: ``'xla'`` (the loop), ``'pallas'`` (one kernel, interpreted
-      where none compiles) or ``'auto'`` (the kernel where it lowers).
-    interpret: Whether a kernel runs interpreted (no accelerator).
+    kernel: ``'xla'`` (the loop) or ``'pallas'`` (one kernel).
+    interpret: Whether the kernel runs interpreted (lowered for CPU).
   """
 
   tiles: int

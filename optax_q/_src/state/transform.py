@@ -672,11 +672,12 @@ def quantize_state(
       made: ``'xla'``, a loop over its tiles that the compiler fuses;
       ``'pallas'``, one Pallas kernel per parameter that decodes, updates,
       takes the block maxima and encodes each tile in one pass (Triton on
-      GPU, Mosaic on TPU; interpreted on CPU, for tests; not with
-      ``track_stalls``); ``'auto'`` (default), Pallas on a GPU or TPU for
-      the leaves whose kernel lowers there, on a single device with no
-      mesh, and with ``track_stalls=False``
-      (the drop-ins' default, not this function's), else XLA. Interpreted,
+      GPU, Mosaic on TPU; interpreted where the step is lowered for CPU,
+      for tests; not with ``track_stalls``); ``'auto'`` (default), the
+      kernel on a platform where its lowering is verified (none yet: the
+      XLA path everywhere). Lowered for a GPU or TPU, the XLA path updates
+      each parameter in one fused call, without tiles (the platform the
+      step is lowered for decides, not the machine that traces it). Interpreted,
       the kernel's codes are the loop's bit for bit (tested; the
       performance page says where it has been compiled).
 
