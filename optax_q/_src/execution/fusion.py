@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 from jax import lax
+from jax.extend import core as jax_core
 import jax.numpy as jnp
 
 from optax_q._src.core import explicit
@@ -50,10 +51,13 @@ def apart(fn: Callable[[], Any], token: jax.Array) -> Any:
   do this on XLA:CPU. Elsewhere a conditional may cost a host round trip,
   so only steps lowered for CPU use it (`tiling.per_platform`).
   """
-  shapes = jax.eval_shape(fn)
+  # Traced once: the conditional's branch replays the traced program.
+  closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
+  replay = lambda: jax.tree.unflatten(  # noqa: E731
+      jax.tree.structure(shapes), jax_core.jaxpr_as_fun(closed)())
   # On an Explicit mesh the skipped branch's zeros take the sharding of the
   # values' type, as the branches of a conditional must agree.
-  return lax.cond(token >= 0, fn, lambda: jax.tree.map(
+  return lax.cond(token >= 0, replay, lambda: jax.tree.map(
       lambda s: jnp.zeros(s.shape, s.dtype,
                           out_sharding=explicit.type_sharding(s)), shapes))
 

@@ -104,12 +104,12 @@ def tile_map(
   # travel as arrays of one element.
   blocks = [jax.ShapeDtypeStruct((x.shape[0] // tiles,) + x.shape[1:],
                                  x.dtype) for x in tiled]
-  whole = [jnp.reshape(jnp.asarray(x), (-1,)) for x in s_leaves]
+  whole = [jnp.reshape(jnp.asarray(x), (1, -1)) for x in s_leaves]
   closed = jax.make_jaxpr(flat_step)(
       jnp.int32(0), blocks,
       [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in whole])
   const_shapes = [jnp.shape(c) for c in closed.consts]
-  whole += [jnp.reshape(jnp.asarray(c), (-1,)) for c in closed.consts]
+  whole += [jnp.reshape(jnp.asarray(c), (1, -1)) for c in closed.consts]
   n_in, n_s = n_t + len(whole), len(s_leaves)
 
   def kernel(*refs):

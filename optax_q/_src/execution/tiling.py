@@ -48,6 +48,7 @@ from typing import Any
 import jax
 from jax import lax
 import jax.numpy as jnp
+from jax.extend import core as jax_core
 
 from optax_q._src.execution import fusion
 from optax_q._src.execution import kernels
@@ -202,7 +203,12 @@ def loop(p: Plan, step: Callable[[jax.Array, Any], Any], olds: Any):
   on every iteration: without ``in_place`` the loop reads the old state and
   fills separate buffers.
   """
-  out_shapes, count_shapes = jax.eval_shape(lambda: step(jnp.int32(0), olds))
+  # Traced once; the loop's body replays the traced program.
+  closed, (out_shapes, count_shapes) = jax.make_jaxpr(
+      step, return_shape=True)(jnp.int32(0), olds)
+  out_tree = jax.tree.structure((out_shapes, count_shapes))
+  step = lambda t, src: jax.tree.unflatten(  # noqa: E731
+      out_tree, jax_core.jaxpr_as_fun(closed)(t, *jax.tree.leaves(src)))
   full = lambda s: jnp.zeros(  # noqa: E731
       (s.shape[0], p.tiles) + s.shape[1:], s.dtype)
   carry0 = (olds if p.in_place else jax.tree.map(full, out_shapes),
