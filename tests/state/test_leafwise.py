@@ -23,6 +23,7 @@ single leaf, as it does for Optax's own update: they agree to float32
 rounding.
 """
 
+import dataclasses
 from unittest import mock
 
 from absl.testing import absltest
@@ -229,10 +230,11 @@ class ApartTest(parameterized.TestCase):
     jax.clear_caches()
     got, apart = _run(tx, params, steps=1), conds()
     jax.clear_caches()
-    # The plan a GPU or TPU lowering takes (no fusion device, no tiles),
-    # run here on CPU.
-    with mock.patch.object(tiling, 'per_platform',
-                           lambda p, fn: fn(tiling.for_accelerators(p))):
+    # The plan a GPU or TPU lowering takes (no tiles), without the fusion
+    # device (which lowers to nothing there), run here on CPU.
+    with mock.patch.object(tiling, 'per_platform', lambda p, fn: fn(
+        dataclasses.replace(tiling.for_accelerators(p), apart=False,
+                            own_buffer=False))):
       want, fused = _run(tx, params, steps=1), conds()
     jax.clear_caches()
     self.assertGreater(apart, fused)

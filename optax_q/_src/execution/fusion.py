@@ -35,31 +35,67 @@ from typing import Any
 import jax
 from jax import lax
 from jax.extend import core as jax_core
+from jax.interpreters import mlir
 import jax.numpy as jnp
 
 from optax_q._src.core import explicit
 
 
 def apart(fn: Callable[[], Any], token: jax.Array) -> Any:
-  """``fn()``, computed into buffers of its own (``token`` is never
-  negative: a loop index, say).
+  """``fn()``, computed into buffers of its own where the step is lowered
+  for CPU (``token`` is never negative: a loop index, say).
 
-  A conditional whose predicate always holds, but which the compiler cannot
-  decide: XLA:CPU materializes its results instead of fusing ``fn``'s work
-  into each consumer, where it would be computed again per consumer (and an
-  in-place fusion runs on one core). ``lax.optimization_barrier`` does not
-  do this on XLA:CPU. Elsewhere a conditional may cost a host round trip,
-  so only steps lowered for CPU use it (`tiling.per_platform`).
+  Lowered for CPU, a conditional whose predicate always holds, but which
+  the compiler cannot decide: XLA:CPU materializes its results instead of
+  fusing ``fn``'s work into each consumer, where it would be computed again
+  per consumer (and an in-place fusion runs on one core).
+  ``lax.optimization_barrier`` does not do this on XLA:CPU. Lowered for a
+  GPU or TPU, where a conditional may cost a host round trip, ``fn()``
+  plainly. ``fn`` is traced once; the platform the step is lowered for
+  picks the lowering (a primitive with a CPU rule of its own).
   """
-  # Traced once: the conditional's branch replays the traced program.
   closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
-  replay = lambda: jax.tree.unflatten(  # noqa: E731
-      jax.tree.structure(shapes), jax_core.jaxpr_as_fun(closed)())
+  outs = _apart_p.bind(token, *closed.consts,
+                       jaxpr=jax_core.ClosedJaxpr(
+                           _consts_as_args(closed.jaxpr), ()))
+  return jax.tree.unflatten(jax.tree.structure(shapes), outs)
+
+
+def _consts_as_args(jaxpr):
+  """``jaxpr`` with its constants as its first arguments."""
+  return jaxpr.replace(constvars=[],
+                       invars=list(jaxpr.constvars) + list(jaxpr.invars))
+
+
+def _inline(token, *args, jaxpr):
+  del token
+  return jax_core.jaxpr_as_fun(jaxpr)(*args)
+
+
+def _conditional(token, *args, jaxpr):
   # On an Explicit mesh the skipped branch's zeros take the sharding of the
   # values' type, as the branches of a conditional must agree.
-  return lax.cond(token >= 0, replay, lambda: jax.tree.map(
-      lambda s: jnp.zeros(s.shape, s.dtype,
-                          out_sharding=explicit.type_sharding(s)), shapes))
+  return lax.cond(
+      token >= 0, lambda: jax_core.jaxpr_as_fun(jaxpr)(*args),
+      lambda: [jnp.zeros(a.shape, a.dtype, out_sharding=_explicit(a))
+               for a in jaxpr.out_avals])
+
+
+def _explicit(aval):
+  sharding = getattr(aval, 'sharding', None)
+  if sharding is None or (jax.sharding.AxisType.Explicit
+                          not in sharding.mesh.axis_types):
+    return None
+  return sharding
+
+
+_apart_p = jax_core.Primitive('optax_q_apart')
+_apart_p.multiple_results = True
+_apart_p.def_abstract_eval(lambda token, *args, jaxpr: jaxpr.out_avals)
+_apart_p.def_impl(_inline)
+mlir.register_lowering(_apart_p, mlir.lower_fun(_inline, True))
+mlir.register_lowering(_apart_p, mlir.lower_fun(_conditional, True),
+                       platform='cpu')
 
 
 def apart_with(token: jax.Array | None

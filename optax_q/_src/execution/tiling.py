@@ -23,7 +23,8 @@ decode its stored state, run the inner update, encode. This module says
   leaf's tiles run as a loop or as one Pallas kernel. That is the plan
   for CPU; `for_accelerators` gives a GPU's and a TPU's (one fused call,
   or the kernel compiled), and `per_platform` runs the one of the
-  platform the step is lowered for.
+  platform the step is lowered for (the fusion device decides by itself,
+  `fusion.apart`).
 - `computed`: a value computed as the plan asks, with the ``materialize``
   function the codec's encoder takes to match.
 - `loop`: the tiles by a ``lax.fori_loop``, written in place or into
@@ -141,18 +142,16 @@ def plan(shape: tuple[int, ...], *, tile_size: int | None, tileable: bool,
 def for_accelerators(p: Plan) -> Plan:
   """``p`` as lowered for a GPU or TPU.
 
-  No fusion device (`fusion.apart` is for XLA:CPU; elsewhere a conditional
-  can cost a host round trip) and, on the XLA path, no tiles: the
-  compiler fuses a leaf's decode, inner update, block maxima and encode
-  into a few kernels over the whole leaf, where a loop over tiles would
-  launch them once per tile (on an H100, a 302M-parameter tree in tiles of
-  2^18 elements ran at 4.7x the float32 step). A Pallas kernel asked for
-  is compiled rather than interpreted.
+  On the XLA path, no tiles: the compiler fuses a leaf's decode, inner
+  update, block maxima and encode into a few kernels over the whole leaf,
+  where a loop over tiles would launch them once per tile (on an H100, a
+  302M-parameter tree in tiles of 2^18 elements ran at 4.7x the float32
+  step). A Pallas kernel asked for is compiled rather than interpreted.
+  (The fusion device lowers to nothing there by itself: `fusion.apart`.)
   """
   if p.kernel == 'pallas':
-    return dataclasses.replace(p, apart=False, own_buffer=False,
-                               interpret=False)
-  return dataclasses.replace(p, tiles=1, apart=False, own_buffer=False)
+    return dataclasses.replace(p, interpret=False)
+  return dataclasses.replace(p, tiles=1)
 
 
 def per_platform(p: Plan, fn: Callable[[Plan], Any]) -> Any:
