@@ -404,7 +404,9 @@ def gpu_summary() -> str:
       f"layers, width {bench['d']}), with a plain copy measured in the "
       f"same run ({bench['copy_gbps']:.0f} GB/s read + write).\n\n"
       + '\n'.join(lines) +
-      f"\n\nThe XLA loop runs on the GPU but slowly: {_span(ours, '.2f', 'x')} "
+      f"\n\nThe XLA path of that revision, which updated every large "
+      f"parameter in a loop over tiles of rows (the CPU's plan), ran on the "
+      f"GPU but slowly: {_span(ours, '.2f', 'x')} "
       f"the float32 step, where float32 `optax.adamw` reaches "
       f"{rows[BASELINE]['frac_of_copy']:.0%} of the copy bandwidth. The "
       f"Pallas kernel (`{check['command']}`, five steps on a 1024 x 1024 "
@@ -413,12 +415,44 @@ def gpu_summary() -> str:
       f"others:\n\n" + '\n'.join(cases) + '\n')
 
 
+def roofline_summary() -> str:
+  """The performance page's roofline: bytes per parameter, least times."""
+  result = _load('roofline')
+  names = list(result['bandwidths'])
+  lines = ['| state | state bytes / param | bytes moved / param | '
+           + ' | '.join(f'least ms per 1B params, {k}' for k in names)
+           + ' |', '|---|---:|---:|' + '---:|' * len(names)]
+  lines += [f"| {r['config']} | {r['state_bytes_per_param']:.2f} | "
+            f"{r['moved_bytes_per_param']:.2f} | "
+            + ' | '.join(f"{r['ms_per_billion'][k]:.2f}" for k in names)
+            + ' |' for r in result['rows']]
+  measured = [r for r in result['rows'] if 'gpu_measured_ms' in r]
+  text = (f"From `{result['command']}` (revision {result['git_revision']}, "
+          "[table](results/roofline.md)): the gradient read "
+          f"({result['grad_bytes']} bytes, float32), the parameter read and "
+          f"written (2 x {result['param_bytes']}), and the whole state read "
+          "and written, per parameter and step; the state's bytes are its "
+          "real layout on the GPU benchmark tree (codes, block scales, "
+          "counters).\n\n" + '\n'.join(lines) + '\n')
+  if measured:
+    text += (
+        f"\nOn {result['measured_on'].split(' on ')[-1]} (revision "
+        f"{result['measured_revision']}) the measured step of the "
+        f"{result['params'] / 1e6:.1f}M-parameter tree was "
+        + ', '.join(f"{c} {ms:.2f} ms ({ms / r['gpu_bound_ms']:.1f}x "
+                    f"its {r['gpu_bound_ms']:.2f} ms bound)"
+                    for r in measured
+                    for c, ms in r['gpu_measured_ms'].items()) + '.\n')
+  return text
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     f.__name__: f for f in (step_cost_summary, step_cost_table, gpu_summary,
                             peers_step_table, precision_summary,
                             eco_summary, lowbit_quality_table,
                             fidelity_recommendations, lowbit_table,
-                            leafwise_summary, positive_floor_effect)
+                            leafwise_summary, positive_floor_effect,
+                            roofline_summary)
 }
 
 

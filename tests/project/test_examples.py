@@ -49,6 +49,7 @@ import _common  # noqa: E402
 import bench_step  # noqa: E402
 import demo  # noqa: E402
 import profile_step  # noqa: E402
+import roofline  # noqa: E402
 import scale_calibration  # noqa: E402
 import staleness_simulation  # noqa: E402
 import study_bits  # noqa: E402
@@ -63,7 +64,7 @@ import study_staleness  # noqa: E402
 import update_error  # noqa: E402
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
-SCRIPTS = (bench_step, demo, profile_step, staleness_simulation,
+SCRIPTS = (bench_step, demo, profile_step, roofline, staleness_simulation,
            study_bits, study_eco, study_fidelity, study_lowbit,
            study_precision,
            study_optimizers_quantization, study_second_order, study_staleness,
@@ -861,6 +862,37 @@ class BenchStepTest(_DocsUnchanged):
       self.assert_wrote(f'{name}.md', f'{name}.png')
       self.assertEqual((self.out / f'{name}.md').read_text(),
                        (results / f'{name}.md').read_text(), name)
+
+
+class RooflineTest(_DocsUnchanged):
+
+  def test_writes_its_files_and_counts_the_real_layout(self):
+    result, _ = _quiet(roofline.main, ['--d', '256', '--layers', '1',
+                                       '--out', str(self.out)])
+    self.assert_wrote('roofline.json', 'roofline.md')
+    rows = {r['config']: r for r in result['rows']}
+    fp32 = rows['optax.adamw fp32']
+    # Two float32 moments (and a step count, shared by the tree).
+    self.assertAlmostEqual(fp32['state_bytes_per_param'], 8.0, places=3)
+    self.assertAlmostEqual(fp32['moved_bytes_per_param'], 4 + 8 + 16,
+                           places=2)
+    # Two one-byte codes and a float32 scale per block of 128 (and the
+    # vectors' block padding): a little over 2 bytes.
+    int8 = rows['optax_q int8_dynamic']['state_bytes_per_param']
+    self.assertGreater(int8, 2.0)
+    self.assertLess(int8, 2.2)
+    four = rows['optax_q nf4/ue4m0']['state_bytes_per_param']
+    self.assertLess(four, int8 / 1.8)
+    h100 = 'H100 (3.0 TB/s copy)'
+    self.assertAlmostEqual(fp32['ms_per_billion'][h100],
+                           fp32['moved_bytes_per_param'] / 3.0, places=2)
+
+  def test_published_page_is_its_json_rendered(self):
+    results = _ROOT / 'docs' / 'results'
+    shutil.copy(results / 'roofline.json', self.out / 'roofline.json')
+    _quiet(roofline.main, ['--render', '--out', str(self.out)])
+    self.assertEqual((self.out / 'roofline.md').read_text(),
+                     (results / 'roofline.md').read_text())
 
 
 class UpdateErrorRenderTest(_DocsUnchanged):

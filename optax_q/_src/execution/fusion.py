@@ -35,6 +35,7 @@ from typing import Any
 import jax
 from jax import lax
 from jax.extend import core as jax_core
+from jax.extend.core import primitives
 from jax.interpreters import mlir
 import jax.numpy as jnp
 
@@ -73,12 +74,14 @@ def _inline(token, *args, jaxpr):
 
 
 def _conditional(token, *args, jaxpr):
-  # On an Explicit mesh the skipped branch's zeros take the sharding of the
+  # The traced program is the taken branch as it is (not traced again). On
+  # an Explicit mesh the skipped branch's zeros take the sharding of the
   # values' type, as the branches of a conditional must agree.
-  return lax.cond(
-      token >= 0, lambda: jax_core.jaxpr_as_fun(jaxpr)(*args),
-      lambda: [jnp.zeros(a.shape, a.dtype, out_sharding=_explicit(a))
-               for a in jaxpr.out_avals])
+  skipped = jax.make_jaxpr(lambda *_: [
+      jnp.zeros(a.shape, a.dtype, out_sharding=_explicit(a))
+      for a in jaxpr.out_avals])(*args)
+  index = lax.convert_element_type(token >= 0, jnp.int32)
+  return primitives.cond_p.bind(index, *args, branches=(skipped, jaxpr))
 
 
 def _explicit(aval):
