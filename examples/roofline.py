@@ -153,6 +153,7 @@ def main(argv=None) -> dict:
       bandwidths=BANDWIDTHS,
       measured_on=(gpu['machine'] if measured else None),
       measured_revision=(gpu['git_revision'] if measured else None),
+      measured_copy_gbps=(gpu['copy_gbps'] if measured else None),
       rows=rows)
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, 'roofline.json'), 'w') as f:
