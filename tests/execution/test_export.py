@@ -138,6 +138,24 @@ class ExportTest(parameterized.TestCase):
     self.assertEqual(_control_flow(_export(step, params, state, params)
                                    .mlir_module()), [])
 
+  def test_fp8_kernel_lowers_for_tpu(self):
+    # kernel='pallas' is compiled where the step is lowered for TPU: Mosaic
+    # lowers the fp8 tile kernel from this CPU (the table formats' lookups
+    # and the packed 4-bit codes it refuses).
+    tx = optax_q.adamw(1e-3, mu_format='fp8_e4m3', nu_format='fp8_e4m3',
+                       rounding='nearest', kernel='pallas')
+    params = {'w': jnp.ones((1024, 1024)) * 0.1}
+    state = tx.init(params)
+
+    def step(grads, state, params):
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+    module = jax.export.export(jax.jit(step), platforms=('tpu',))(
+        params, state, params).mlir_module()
+    self.assertIn('tpu_custom_call', module)
+    self.assertEqual(_control_flow(module), [])
+
   def test_master_free_step_lowers_for_gpu_and_tpu(self):
     tx = optax_q.eco(optax.inject_hyperparams(optax.adamw)(1e-3))
     params = optax_q.quantize_params(_params(), 'fp8_e4m3',
