@@ -30,8 +30,10 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
 import optax
 import optax_q
+from optax_q import quant
 
 PLATFORMS = ('cuda', 'tpu')
 
@@ -155,6 +157,29 @@ class ExportTest(parameterized.TestCase):
         params, state, params).mlir_module()
     self.assertIn('tpu_custom_call', module)
     self.assertEqual(_control_flow(module), [])
+
+  def test_qat_and_ptq_steps_lower_for_gpu_and_tpu(self):
+    # The optax_q.quant tools inside a training step: QuEST and plain-STE
+    # QAT (Hadamard rotation, clipping, trust mask) and round-to-nearest
+    # PTQ of a Flax layer's weights and inputs, with 8-bit AdamW state.
+    layer = nn.Dense(64)
+    x = jax.random.normal(jax.random.key(1), (8, 128))
+    params = layer.init(jax.random.key(0), x)
+    tx = optax_q.adamw(1e-3)
+    state = tx.init(params)
+    for name, q in (('quest', quant.qat(4)),
+                    ('ste', quant.qat(4, method='ste')),
+                    ('ptq', quant.ptq(4))):
+      with self.subTest(name):
+
+        def step(params, state, x, q=q):
+          loss, grads = jax.value_and_grad(
+              lambda p: jnp.mean(q(layer.apply)(p, x) ** 2))(params)
+          updates, state = tx.update(grads, state, params)
+          return optax.apply_updates(params, updates), state, loss
+
+        exported = _export(step, params, state, x)
+        self.assertEqual(exported.platforms, PLATFORMS)
 
   def test_master_free_step_lowers_for_gpu_and_tpu(self):
     tx = optax_q.eco(optax.inject_hyperparams(optax.adamw)(1e-3))
