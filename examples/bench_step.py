@@ -114,6 +114,7 @@ class Row:
     self.traffic = 3 * 4 * param_elements + 2 * self.state_bytes
     self.times: list[float] = []
     self.temp_bytes: int | None = None  # The compiled step's temporaries.
+    self.setup_s: float | None = None  # Tracing, compiling, the state's init.
 
 
 # --------------------------------------------------------------------------
@@ -547,6 +548,11 @@ def make_parser() -> argparse.ArgumentParser:
                       'list (low-bit codecs, layouts, Shampoo and SOAP included) '
                       'whose names contain one (default: the main table)')
   parser.add_argument(
+      '--max-setup-seconds', type=float, default=None,
+      help='stop compiling further optimizers once their setup (compile and '
+      'first steps) has taken this long; those are noted as not run, and '
+      'the ones ready are measured (a time-limited accelerator run)')
+  parser.add_argument(
       '--render', action='store_true',
       help='no measurement: re-write <name>.md and <name>.png from the '
       '<name>.json in --out')
@@ -592,12 +598,20 @@ def main(argv=None) -> dict[str, Any]:
                          else name in MAIN_ROWS or name in PEERS)
 
   rows, failed = [], {}
+  setup_start = time.perf_counter()
   for name, make in jax_configs():
     if name != BASELINE and not wanted(name):
+      continue
+    if (name != BASELINE and args.max_setup_seconds is not None
+        and time.perf_counter() - setup_start > args.max_setup_seconds):
+      failed[name] = (f'not run: setup past --max-setup-seconds '
+                      f'{args.max_setup_seconds:g}')
+      print(f'  {name}: {failed[name]}', flush=True)
       continue
     t0 = time.perf_counter()
     try:
       rows.append(jax_row(name, make(), params_np, grads, n))
+      rows[-1].setup_s = time.perf_counter() - t0
     except Exception as e:  # pylint: disable=broad-except
       if name == BASELINE:
         raise
@@ -649,6 +663,8 @@ def main(argv=None) -> dict[str, Any]:
         lower_bound_ms=round(row.traffic / copy_gbps / 1e6, 4),
         steps=len(row.times),
     ))
+    if row.setup_s is not None:
+      out_rows[-1]['setup_s'] = round(row.setup_s, 2)
     print(f'  {row.name:50s} {ms:9.2f} ms  {ms / base_ms:6.2f}x  '
           f'{gbps:6.1f} GB/s', flush=True)
   print(f'  {copy.name:50s} {copy_ms:9.2f} ms  {copy_gbps:6.1f} GB/s')

@@ -162,6 +162,10 @@ def main(argv=None) -> None:
                       help='only compare the kernel with the XLA loop')
   parser.add_argument('--skip-codes', action='store_true',
                       help='only run the benchmark')
+  parser.add_argument('--max-setup-seconds', type=float, default=240,
+                      help="bench_step's budget for compiling its rows "
+                      '(default: %(default)s; the rows ready by then are '
+                      'measured, the others noted as not run)')
   parser.add_argument('--rows', default='',
                       help='semicolon-separated exact row names of bench_step '
                       '(default: the 8-bit and 4-bit rows above)')
@@ -209,7 +213,8 @@ def main(argv=None) -> None:
                           else BENCH_ROWS)
   bench_step.git_revision = lambda: revision
   bench_step.main(['--d', str(args.d), '--layers', str(args.layers),
-                   '--no-peers', '--name', 'bench_step_gpu',
+                   '--no-peers', '--max-setup-seconds',
+                   str(args.max_setup_seconds), '--name', 'bench_step_gpu',
                    '--out', args.out])
 
 
