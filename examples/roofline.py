@@ -27,8 +27,8 @@ step for one billion parameters at a given memory bandwidth::
 Bandwidths: an H100's device-to-device copy, about 3.0 TB/s counting bytes
 read and written (measured with PyTorch on the machine of our GPU runs),
 and a TPU v5e's HBM, 819 GB/s (its published peak; not measured here).
-Where ``docs/results/bench_step_gpu.json`` holds a GPU run, its measured
-step times are set beside the bound for the same tree.
+Where ``docs/results/bench_step_gpu.json`` holds an H100 run on the same
+tree, its measured step times are set beside the H100 bound.
 
 Writes ``roofline.{json,md}``.
 """
@@ -122,7 +122,10 @@ def main(argv=None) -> dict:
   if os.path.exists(gpu_file):
     with open(gpu_file) as f:
       gpu = json.load(f)
-    if (gpu['d'], gpu['layers']) == (args.d, args.layers):
+    # The bound beside a measured step is the H100's: only an H100 run's
+    # steps are set beside it.
+    if ((gpu['d'], gpu['layers']) == (args.d, args.layers)
+        and 'H100' in gpu['machine']):
       for r in gpu['rows']:
         key = ' '.join(w for w in r['config'].split()
                        if w not in ('nearest', 'stochastic'))

@@ -224,8 +224,8 @@ class ApartTest(parameterized.TestCase):
     params = _params()
     params = {'big': params['big'],  # tiled
               'one_call': params['big'][:8] * 2}  # 3072 elements: untiled
-    conds = lambda: str(jax.make_jaxpr(tx.update)(  # noqa: E731
-        params, tx.init(params), params)).count('cond[')
+    conds = lambda: jax.jit(tx.update).lower(  # noqa: E731
+        params, tx.init(params), params).as_text().count('stablehlo.case')
     # Traces are cached across the two programs: start each afresh.
     jax.clear_caches()
     got, apart = _run(tx, params, steps=1), conds()
@@ -241,6 +241,58 @@ class ApartTest(parameterized.TestCase):
     bits = lambda x: np.asarray(x).reshape(-1).view(np.uint8)  # noqa: E731
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
       np.testing.assert_array_equal(bits(a), bits(b))
+
+
+class JaxTransformsTest(absltest.TestCase):
+  """The leafwise pass (tiles, the fusion device, the choice of platform)
+  keeps what Jax's transformations and effects do with a step."""
+
+  def setUp(self):
+    super().setUp()
+    self.tx = optax_q.quantize_state(
+        optax.scale_by_adam(), 'int8', min_size=0, elementwise=True,
+        tile_size=4096)
+    self.params = {'w': jnp.ones((64, 256)) * 0.1,  # 4 tiles.
+                   'b': jnp.ones((8, 256))}
+    self.state = self.tx.init(self.params)
+
+  def test_vmap_over_an_ensemble_is_each_member(self):
+    grads = jax.tree.map(lambda p: jnp.stack([p, 2 * p, -3 * p]),
+                         self.params)
+    states = jax.tree.map(lambda x: jnp.stack([x] * 3), self.state)
+    updates, new = jax.jit(jax.vmap(
+        lambda g, s: self.tx.update(g, s, self.params)))(grads, states)
+    for k in range(3):
+      want = jax.jit(self.tx.update)(
+          jax.tree.map(lambda x, k=k: x[k], grads), self.state, self.params)
+      for a, b in zip(jax.tree.leaves((updates, new)),
+                      jax.tree.leaves(want)):
+        np.testing.assert_array_equal(a[k], b)
+
+  def test_grad_through_the_update(self):
+    def total(grads):
+      updates, _ = self.tx.update(grads, self.state, self.params)
+      return sum(jnp.sum(u) for u in jax.tree.leaves(updates))
+
+    for g in jax.tree.leaves(jax.jit(jax.grad(total))(self.params)):
+      self.assertTrue(np.all(np.isfinite(g)))
+
+  def test_ordered_effects_in_the_inner_update(self):
+    adam = optax.scale_by_adam()
+    seen = []
+
+    def update(u, s, p=None):
+      jax.debug.callback(lambda c: seen.append(int(c)), s.count,
+                         ordered=True)
+      return adam.update(u, s, p)
+
+    tx = optax_q.quantize_state(
+        optax.GradientTransformation(adam.init, update), 'int8', min_size=0,
+        elementwise=True, tile_size=4096)
+    jax.block_until_ready(jax.jit(tx.update)(
+        self.params, tx.init(self.params), self.params))
+    self.assertNotEmpty(seen)
+    self.assertEqual(set(seen), {0})
 
 
 class PerFieldRoundingTest(absltest.TestCase):

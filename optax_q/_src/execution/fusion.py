@@ -35,8 +35,6 @@ from typing import Any
 import jax
 from jax import lax
 from jax.extend import core as jax_core
-from jax.extend.core import primitives
-from jax.interpreters import mlir
 import jax.numpy as jnp
 
 from optax_q._src.core import explicit
@@ -52,53 +50,23 @@ def apart(fn: Callable[[], Any], token: jax.Array) -> Any:
   per consumer (and an in-place fusion runs on one core).
   ``lax.optimization_barrier`` does not do this on XLA:CPU. Lowered for a
   GPU or TPU, where a conditional may cost a host round trip, ``fn()``
-  plainly. ``fn`` is traced once; the platform the step is lowered for
-  picks the lowering (a primitive with a CPU rule of its own).
+  plainly (`lax.platform_dependent`). ``fn`` is traced once, and both
+  alternatives replay its program, so the step keeps Jax's rules for
+  ``vmap``, ``grad`` and effects.
   """
   closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
-  outs = _apart_p.bind(token, *closed.consts,
-                       jaxpr=jax_core.ClosedJaxpr(
-                           _consts_as_args(closed.jaxpr), ()))
-  return jax.tree.unflatten(jax.tree.structure(shapes), outs)
-
-
-def _consts_as_args(jaxpr):
-  """``jaxpr`` with its constants as its first arguments."""
-  return jaxpr.replace(constvars=[],
-                       invars=list(jaxpr.constvars) + list(jaxpr.invars))
-
-
-def _inline(token, *args, jaxpr):
-  del token
-  return jax_core.jaxpr_as_fun(jaxpr)(*args)
-
-
-def _conditional(token, *args, jaxpr):
-  # The traced program is the taken branch as it is (not traced again). On
-  # an Explicit mesh the skipped branch's zeros take the sharding of the
+  # One call of the traced program: traced again once, however many
+  # alternatives use it (a jit's cache), not bound operation by operation.
+  call = jax.jit(jax_core.jaxpr_as_fun(closed))
+  replay = lambda: jax.tree.unflatten(  # noqa: E731
+      jax.tree.structure(shapes), call())
+  # On an Explicit mesh the skipped branch's zeros take the sharding of the
   # values' type, as the branches of a conditional must agree.
-  skipped = jax.make_jaxpr(lambda *_: [
-      jnp.zeros(a.shape, a.dtype, out_sharding=_explicit(a))
-      for a in jaxpr.out_avals])(*args)
-  index = lax.convert_element_type(token >= 0, jnp.int32)
-  return primitives.cond_p.bind(index, *args, branches=(skipped, jaxpr))
-
-
-def _explicit(aval):
-  sharding = getattr(aval, 'sharding', None)
-  if sharding is None or (jax.sharding.AxisType.Explicit
-                          not in sharding.mesh.axis_types):
-    return None
-  return sharding
-
-
-_apart_p = jax_core.Primitive('optax_q_apart')
-_apart_p.multiple_results = True
-_apart_p.def_abstract_eval(lambda token, *args, jaxpr: jaxpr.out_avals)
-_apart_p.def_impl(_inline)
-mlir.register_lowering(_apart_p, mlir.lower_fun(_inline, True))
-mlir.register_lowering(_apart_p, mlir.lower_fun(_conditional, True),
-                       platform='cpu')
+  skipped = lambda: jax.tree.map(  # noqa: E731
+      lambda s: jnp.zeros(s.shape, s.dtype,
+                          out_sharding=explicit.type_sharding(s)), shapes)
+  return lax.platform_dependent(
+      cpu=lambda: lax.cond(token >= 0, replay, skipped), default=replay)
 
 
 def apart_with(token: jax.Array | None

@@ -48,8 +48,8 @@ from typing import Any
 
 import jax
 from jax import lax
-import jax.numpy as jnp
 from jax.extend import core as jax_core
+import jax.numpy as jnp
 
 from optax_q._src.execution import fusion
 from optax_q._src.execution import kernels
@@ -148,6 +148,12 @@ def for_accelerators(p: Plan) -> Plan:
   302M-parameter tree in tiles of 2^18 elements ran at 4.7x the float32
   step). A Pallas kernel asked for is compiled rather than interpreted.
   (The fusion device lowers to nothing there by itself: `fusion.apart`.)
+
+  Args:
+    p: A plan of `plan` (for CPU).
+
+  Returns:
+    The plan for a GPU or TPU.
   """
   if p.kernel == 'pallas':
     return dataclasses.replace(p, interpret=False)
@@ -156,8 +162,17 @@ def for_accelerators(p: Plan) -> Plan:
 
 def per_platform(p: Plan, fn: Callable[[Plan], Any]) -> Any:
   """``fn(p)`` where the step is lowered for CPU, ``fn(for_accelerators(p))``
-  elsewhere (`lax.platform_dependent`: both are traced, and the lowering
-  keeps the one of its platform)."""
+  elsewhere.
+
+  Args:
+    p: A plan of `plan` (for CPU).
+    fn: Computes a parameter's update as a plan asks.
+
+  Returns:
+    ``fn(p)`` itself where both plans are the same; else
+    `lax.platform_dependent`'s choice (both are traced, and the lowering
+    keeps the one of its platform).
+  """
   accelerated = for_accelerators(p)
   if accelerated == p:
     return fn(p)

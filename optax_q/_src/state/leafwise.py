@@ -22,11 +22,13 @@ whole state in float32 as temporaries, more than the quantized state saves.
 When the inner transform is elementwise (each parameter's new state and
 update depend only on that parameter's gradient, state and value, and on
 shared scalars such as a step count), the update runs one parameter at a
-time, and a large parameter is cut into tiles of whole rows along its first
-axis, handled by a loop: decode the tile's codes, run the inner update on
-the tile, encode, count unchanged codes, write the new codes. Temporaries
-are one tile, the tile stays in cache between decode and encode, and the
-new state is that of the whole-tree path (scale blocks lie along the last
+time. Where the step is lowered for CPU, a large parameter is cut into
+tiles of whole rows along its first axis, handled by a loop: decode the
+tile's codes, run the inner update on the tile, encode, count unchanged
+codes, write the new codes. Temporaries are one tile, and the tile stays
+in cache between decode and encode. Lowered for a GPU or TPU, each
+parameter is one call that the compiler fuses (`tiling.for_accelerators`).
+Either way the new state is that of the whole-tree path (scale blocks lie along the last
 axis, inside a row, and the stochastic-rounding bits are drawn at each
 element's global index).
 
@@ -298,10 +300,9 @@ def update(
     tile_size: Most elements per tile, or None for no tiling.
     track_stalls: Whether to count unchanged codes.
     kernel: How a tiled leaf's new state is made (``kernels.KERNELS``):
-      ``'xla'``, a loop over tiles; ``'pallas'``, one Pallas kernel
-      (interpreted where no accelerator compiles it; not with
-      ``track_stalls``); ``'auto'``, Pallas on a GPU or TPU where the
-      kernel lowers, else the loop.
+      ``'xla'`` and ``'auto'``, a loop over tiles (lowered for CPU) or one
+      fused call (GPU, TPU); ``'pallas'``, one Pallas kernel (interpreted
+      where the step is lowered for CPU; not with ``track_stalls``).
 
   Returns:
     ``(new_updates, new_inner_state, {flat index: stalled fraction})``, or
@@ -440,8 +441,8 @@ def _tiled(run: _Run, lay: Layout, j: int, plan: tiling.Plan,
         row_offset=t * rows, shared=shared[0], barrier=plan.interpret,
         apart=plan.interpret and plan.apart)[0]
 
-  bufs, counts = tiling.by_kernel(
-      plan, kernel_step, (_sources(entries), (g, p), (shared_slots(lay), keys))), []
+  bufs, counts = tiling.by_kernel(plan, kernel_step, (
+      _sources(entries), (g, p), (shared_slots(lay), keys))), []
   if bufs is None:
     g_split = tiling.split(g, tiles)
     p_split = None if p is None else tiling.split(p, tiles)

@@ -659,7 +659,10 @@ def quantize_state(
       optimizers set it. A state not laid out per parameter (or codes held
       in ``nnx.Variable`` boxes) takes the whole-tree path.
     tile_size: With ``elementwise``, the most elements per tile of a large
-      parameter (whole rows along its first axis); None turns tiling off.
+      parameter (whole rows along its first axis) where the step is
+      lowered for CPU; None turns tiling off. Lowered for a GPU or TPU a
+      parameter is updated in one fused call, whatever its size (its
+      float32 temporaries are then the compiler's to bound).
     nonnegative_fields: The state fields that hold non-negative statistics
       (a sequence of names; ``NONNEGATIVE_FIELDS`` by default): declare a
       new optimizer's, such as preconditioner statistics, here.
@@ -677,9 +680,10 @@ def quantize_state(
       kernel on a platform where its lowering is verified (none yet: the
       XLA path everywhere). Lowered for a GPU or TPU, the XLA path updates
       each parameter in one fused call, without tiles (the platform the
-      step is lowered for decides, not the machine that traces it). Interpreted,
-      the kernel's codes are the loop's bit for bit (tested; the
-      performance page says where it has been compiled).
+      step is lowered for decides, not the machine that traces it).
+      Interpreted, the kernel's codes are the loop's bit for bit (tested;
+      the performance page says where it lowers). A module exported for
+      CPU and an accelerator at once cannot hold the compiled kernel.
 
   Returns:
     A gradient transformation whose state is a
