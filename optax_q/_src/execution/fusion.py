@@ -30,11 +30,16 @@ agree bit for bit (``tests/state/test_properties.py``, ``ExplicitRank3Test``).
 from __future__ import annotations
 
 from collections.abc import Callable
+import functools
 from typing import Any
 
 import jax
 from jax import lax
 from jax.extend import core as jax_core
+from jax.extend.core import primitives
+from jax.interpreters import ad
+from jax.interpreters import batching
+from jax.interpreters import mlir
 import jax.numpy as jnp
 
 from optax_q._src.core import explicit
@@ -50,23 +55,64 @@ def apart(fn: Callable[[], Any], token: jax.Array) -> Any:
   per consumer (and an in-place fusion runs on one core).
   ``lax.optimization_barrier`` does not do this on XLA:CPU. Lowered for a
   GPU or TPU, where a conditional may cost a host round trip, ``fn()``
-  plainly (`lax.platform_dependent`). ``fn`` is traced once, and both
-  alternatives replay its program, so the step keeps Jax's rules for
-  ``vmap``, ``grad`` and effects.
+  plainly.
+
+  ``fn`` is traced once, into one operation whose lowering depends on the
+  platform. Under ``jax.vmap`` or differentiation it is that operation
+  written with Jax's own (`_portable`), whose rules apply.
   """
   closed, shapes = jax.make_jaxpr(fn, return_shape=True)()
-  # One call of the traced program: traced again once, however many
-  # alternatives use it (a jit's cache), not bound operation by operation.
-  call = jax.jit(jax_core.jaxpr_as_fun(closed))
-  replay = lambda: jax.tree.unflatten(  # noqa: E731
-      jax.tree.structure(shapes), call())
-  # On an Explicit mesh the skipped branch's zeros take the sharding of the
-  # values' type, as the branches of a conditional must agree.
-  skipped = lambda: jax.tree.map(  # noqa: E731
-      lambda s: jnp.zeros(s.shape, s.dtype,
-                          out_sharding=explicit.type_sharding(s)), shapes)
+  taken = jax_core.ClosedJaxpr(closed.jaxpr.replace(
+      constvars=[], invars=[*closed.jaxpr.constvars, *closed.jaxpr.invars]),
+                               ())
+  outs = _apart_p.bind(token, *closed.consts, jaxpr=taken)
+  return jax.tree.unflatten(jax.tree.structure(shapes), outs)
+
+
+def _plain(token, *args, jaxpr):
+  del token
+  return jax_core.jaxpr_as_fun(jaxpr)(*args)
+
+
+def _conditional(token, *args, jaxpr):
+  # The branches are the traced program itself and zeros, which on an
+  # Explicit mesh take the sharding of the values' type, as the branches of
+  # a conditional must agree.
+  skipped = jax.make_jaxpr(lambda *_: [
+      jnp.zeros(a.shape, a.dtype, out_sharding=explicit.type_sharding(a))
+      for a in jaxpr.out_avals])(*args)
+  index = lax.convert_element_type(token >= 0, jnp.int32)
+  return primitives.cond_p.bind(index, *args, branches=(skipped, jaxpr))
+
+
+def _portable(token, *args, jaxpr):
+  """The operation written with Jax's primitives."""
   return lax.platform_dependent(
-      cpu=lambda: lax.cond(token >= 0, replay, skipped), default=replay)
+      cpu=lambda: _conditional(token, *args, jaxpr=jaxpr),
+      default=lambda: _plain(token, *args, jaxpr=jaxpr))
+
+
+def _batched(args, dims, *, jaxpr):
+  outs = jax.vmap(functools.partial(_portable, jaxpr=jaxpr),
+                  in_axes=dims)(*args)
+  return outs, [0] * len(outs)
+
+
+def _jvp(primals, tangents, *, jaxpr):
+  return jax.jvp(functools.partial(_portable, jaxpr=jaxpr), tuple(primals),
+                 tuple(ad.instantiate_zeros(t) for t in tangents))
+
+
+_apart_p = jax_core.Primitive('optax_q_apart')
+_apart_p.multiple_results = True
+_apart_p.def_effectful_abstract_eval(
+    lambda token, *args, jaxpr: (jaxpr.out_avals, jaxpr.effects))
+_apart_p.def_impl(_plain)
+mlir.register_lowering(_apart_p, mlir.lower_fun(_plain, True))
+mlir.register_lowering(_apart_p, mlir.lower_fun(_conditional, True),
+                       platform='cpu')
+batching.primitive_batchers[_apart_p] = _batched
+ad.primitive_jvps[_apart_p] = _jvp
 
 
 def apart_with(token: jax.Array | None

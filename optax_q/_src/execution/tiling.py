@@ -147,7 +147,9 @@ def for_accelerators(p: Plan) -> Plan:
   where a loop over tiles would launch them once per tile (on an H100, a
   302M-parameter tree in tiles of 2^18 elements ran at 4.7x the float32
   step). A Pallas kernel asked for is compiled rather than interpreted.
-  (The fusion device lowers to nothing there by itself: `fusion.apart`.)
+  A one-call plan is the CPU's own (its fusion device lowers to nothing
+  there, `fusion.apart`); a tiled leaf's drops the fusion device, which
+  saves tracing it.
 
   Args:
     p: A plan of `plan` (for CPU).
@@ -157,7 +159,9 @@ def for_accelerators(p: Plan) -> Plan:
   """
   if p.kernel == 'pallas':
     return dataclasses.replace(p, interpret=False)
-  return dataclasses.replace(p, tiles=1)
+  if p.tiles == 1:
+    return p
+  return dataclasses.replace(p, tiles=1, apart=False, own_buffer=False)
 
 
 def per_platform(p: Plan, fn: Callable[[Plan], Any]) -> Any:
