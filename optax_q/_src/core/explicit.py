@@ -140,3 +140,22 @@ def reshard(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:
   if spec == want:
     return x
   return jax.sharding.reshard(x, sharding)
+
+
+def vary_like(x: jax.Array, ref: Any) -> jax.Array:
+  """``x``, varying also over the manual axes ``ref`` varies over.
+
+  Inside ``shard_map`` a value's type says which manual mesh axes it varies
+  over; a conditional's branches and a loop's carry must agree on them. A
+  value made inside (zeros, a state initialized per shard) varies over
+  none: this casts it to ``ref``'s. ``ref`` is an array or an abstract
+  value; outside ``shard_map`` ``x`` is returned as it is.
+  """
+  def varying(v):
+    aval = jax.typeof(v) if isinstance(v, jax.Array) else v
+    return frozenset(getattr(getattr(aval, 'manual_axis_type', None),
+                             'varying', ()))
+  missing = varying(ref) - varying(x)
+  if not missing:
+    return x
+  return jax.lax.pcast(x, tuple(sorted(missing)), to='varying')

@@ -75,12 +75,13 @@ def _plain(token, *args, jaxpr):
 
 
 def _conditional(token, *args, jaxpr):
-  # The branches are the traced program itself and zeros, which on an
-  # Explicit mesh take the sharding of the values' type, as the branches of
-  # a conditional must agree.
-  skipped = jax.make_jaxpr(lambda *_: [
-      jnp.zeros(a.shape, a.dtype, out_sharding=explicit.type_sharding(a))
-      for a in jaxpr.out_avals])(*args)
+  # The branches are the traced program itself and zeros, which take the
+  # type of the values, as the branches of a conditional must agree: their
+  # sharding on an Explicit mesh, and under ``shard_map`` the manual axes
+  # they vary over.
+  skipped = jax.make_jaxpr(lambda *_: [explicit.vary_like(jnp.zeros(
+      a.shape, a.dtype, out_sharding=explicit.type_sharding(a)), a)
+                                       for a in jaxpr.out_avals])(*args)
   index = lax.convert_element_type(token >= 0, jnp.int32)
   return primitives.cond_p.bind(index, *args, branches=(skipped, jaxpr))
 

@@ -51,6 +51,7 @@ from jax import lax
 from jax.extend import core as jax_core
 import jax.numpy as jnp
 
+from optax_q._src.core import explicit
 from optax_q._src.execution import fusion
 from optax_q._src.execution import kernels
 
@@ -231,6 +232,11 @@ def loop(p: Plan, step: Callable[[jax.Array, Any], Any], olds: Any):
       (s.shape[0], p.tiles) + s.shape[1:], s.dtype)
   carry0 = (olds if p.in_place else jax.tree.map(full, out_shapes),
             [jnp.zeros((), jnp.float32) for _ in count_shapes])
+  # Under shard_map the new tiles may vary over manual axes the old state
+  # (initialized per shard, say) does not: the carry starts as they end.
+  carry0 = jax.tree.unflatten(jax.tree.structure(carry0), [
+      explicit.vary_like(x, a) for x, a in zip(jax.tree.leaves(carry0),
+                                               closed.out_avals)])
 
   def body(t, carry):
     bufs, counts = carry
