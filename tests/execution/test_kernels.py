@@ -73,6 +73,13 @@ def _uses_kernel(tx, params) -> bool:
   return 'pallas_call' in str(jaxpr)
 
 
+def _plan(kernel, track_stalls=False):
+  # A scaled one-byte state on a 4096 x 64 leaf in tiles of 4096 elements.
+  return tiling.plan((4096, 64), tile_size=4096, tileable=True, arrays=[],
+                     scaled=True, byte_codes=True, track_stalls=track_stalls,
+                     kernel=kernel)
+
+
 class KernelMatchesLoopTest(parameterized.TestCase):
 
   # The default suite: a float, a table and a packed format, both
@@ -182,25 +189,19 @@ class KernelChoiceTest(absltest.TestCase):
         optax_q.adamw(1e-3, mu_format='fp8', nu_format='fp8', min_size=0),
         _params()))
     for kernel in ('auto', 'xla'):
-      p = tiling.plan((4096, 64), tile_size=4096, tileable=True, arrays=[],
-                      scaled=True, byte_codes=True, track_stalls=False,
-                      kernel=kernel)
+      p = _plan(kernel)
       self.assertEqual((p.kernel, p.tiles), ('xla', 64))
       self.assertEqual(tiling.for_accelerators(p).tiles, 1)
 
   def test_pallas_is_interpreted_for_cpu_compiled_elsewhere(self):
-    p = tiling.plan((4096, 64), tile_size=4096, tileable=True, arrays=[],
-                    scaled=True, byte_codes=True, track_stalls=False,
-                    kernel='pallas')
+    p = _plan('pallas')
     self.assertEqual((p.kernel, p.interpret), ('pallas', True))
     accelerated = tiling.for_accelerators(p)
     self.assertEqual((accelerated.kernel, accelerated.interpret,
                       accelerated.tiles), ('pallas', False, 64))
 
   def test_stall_telemetry_keeps_the_loop(self):
-    p = tiling.plan((4096, 64), tile_size=4096, tileable=True, arrays=[],
-                    scaled=True, byte_codes=True, track_stalls=True,
-                    kernel='pallas')
+    p = _plan('pallas', track_stalls=True)
     self.assertEqual(p.kernel, 'xla')
     self.assertFalse(p.in_place)
 

@@ -100,8 +100,9 @@ def tile_map(
     return jax.tree.leaves(new)
 
   # A kernel may not close over arrays (the codecs' tables): trace the
-  # step once, and hand its constants to the kernel as inputs. Scalars
-  # travel as arrays of one element.
+  # step once, and hand its constants to the kernel as inputs. Inputs
+  # read whole travel as (1, n) arrays, scalars too: Mosaic TPU asks the
+  # chip's layout of one-dimensional blocks, which an export has not.
   blocks = [jax.ShapeDtypeStruct((x.shape[0] // tiles,) + x.shape[1:],
                                  x.dtype) for x in tiled]
   whole = [jnp.reshape(jnp.asarray(x), (1, -1)) for x in s_leaves]

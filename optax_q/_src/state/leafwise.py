@@ -337,9 +337,9 @@ def update(
 def _param(run: _Run, lay: Layout, j: int, plan: tiling.Plan):
   """Parameter ``j``'s ``((update, new state leaves, shared outputs),
   {flat index: stalled fraction})``: one isolated call, or `_tiled`."""
-  stalled = {}
   if plan.tiles != 1:
-    return _tiled(run, lay, j, plan, stalled), stalled
+    return _tiled(run, lay, j, plan)
+  stalled = {}
   entries = lay.entries(j)
   (u, shaped, rest), materialize = tiling.computed(
       lambda: run.call(lay.grads[j], lay.param(j), [x for _, x, _ in entries],
@@ -410,13 +410,12 @@ def _tile_state(run: _Run, entries, g, p, src, tile_shape, keys, *,
   return outs, counts
 
 
-def _tiled(run: _Run, lay: Layout, j: int, plan: tiling.Plan,
-           stalled: dict[int, Any]):
+def _tiled(run: _Run, lay: Layout, j: int, plan: tiling.Plan):
   """Parameter ``j`` in ``plan.tiles`` tiles of rows: by one kernel where
   the plan has it (`tiling.by_kernel`), else by a loop (`tiling.loop`).
 
-  Returns its update, new state leaves and the shared outputs, and records
-  stalled fractions in ``stalled``. The update and the shared outputs (step
+  Returns ``((update, new state leaves, shared outputs), {flat index:
+  stalled fraction})``, as `_param`. The update and the shared outputs (step
   counts) come from one more call of the inner update on the whole leaf,
   outside the loop, whose state outputs are dropped: it is elementwise, so
   the compiler fuses it into whatever consumes it (``apply_updates``)
@@ -455,7 +454,7 @@ def _tiled(run: _Run, lay: Layout, j: int, plan: tiling.Plan,
         jax.tree.map(lambda b: tiling.split(b, tiles), _sources(entries)))
   u, _, rest = run.call(g, p, [x for _, x, _ in entries],
                         run.roundings(entries))
-  shaped, count_it = [], iter(counts)
+  shaped, count_it, stalled = [], iter(counts), {}
   for (_, x, i), buf in zip(entries, bufs):
     if not qarray_lib.is_qarray(x):
       shaped.append(buf.reshape(shape))
@@ -467,4 +466,4 @@ def _tiled(run: _Run, lay: Layout, j: int, plan: tiling.Plan,
         x.shape, x.dtype, x.scale_mode, x.block_size))
     if run.track_stalls:
       stalled[i] = next(count_it) / jnp.float32(max(x.size, 1))
-  return u, shaped, rest
+  return (u, shaped, rest), stalled
