@@ -568,7 +568,11 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> dict[str, Any]:
-  args = make_parser().parse_args(argv)
+  parser = make_parser()
+  args = parser.parse_args(argv)
+  if args.max_setup_seconds is not None and not args.max_setup_seconds >= 0:
+    parser.error('--max-setup-seconds must be a non-negative number of '
+                 f'seconds, got {args.max_setup_seconds}')
   # A smoke test never overwrites the documented full-mode results.
   stem = args.name or ('bench_step_quick' if args.quick else 'bench_step')
   if args.render:

@@ -106,7 +106,11 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> dict:
-  args = make_parser().parse_args(argv)
+  parser = make_parser()
+  args = parser.parse_args(argv)
+  if args.d < 1 or args.layers < 1:
+    parser.error(f'--d and --layers must be positive integers, got '
+                 f'{args.d} and {args.layers}')
   if args.render:
     with open(os.path.join(args.out, 'roofline.json')) as f:
       result = json.load(f)

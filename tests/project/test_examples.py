@@ -887,6 +887,16 @@ class RooflineTest(_DocsUnchanged):
     self.assertAlmostEqual(fp32['ms_per_billion'][h100],
                            fp32['moved_bytes_per_param'] / 3.0, places=2)
 
+  def test_bad_sizes_and_budgets_are_refused(self):
+    for argv in (['--d', '0'], ['--layers', '-1']):
+      with self.assertRaises(SystemExit):
+        _quiet(roofline.main, argv + ['--out', str(self.out)])
+    for budget in ('-1', 'nan'):
+      with self.assertRaises(SystemExit):
+        _quiet(bench_step.main, ['--quick', '--max-setup-seconds', budget,
+                                 '--out', str(self.out)])
+    self.assertEqual(list(self.out.iterdir()), [])
+
   def test_published_page_is_its_json_rendered(self):
     results = _ROOT / 'docs' / 'results'
     shutil.copy(results / 'roofline.json', self.out / 'roofline.json')
