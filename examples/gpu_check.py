@@ -31,6 +31,15 @@ It does two things, in at most a few minutes on one GPU:
    plain copy measured in the same run, whose bandwidth each row is
    compared with for the bytes it must move.
 
+With ``--profile``, instead: where each row's step time goes, on a tree of
+``--layers`` layers (12 is enough, and compiles in half the time): the
+step's median wall time, the GPU's kernel time per step from a profiler
+trace (``jax.profiler``), the kernels launched per step and the longest
+ones by name, and, from the compiled program, the outputs of its reduction
+kernels that are float32 arrays of a matrix parameter's size (new moments
+written to memory beside their block maxima, and read back to be encoded).
+Writes ``gpu_profile.json``.
+
 Writes ``gpu_check.json`` (the codes) and ``bench_step_gpu.{json,md,png}``
 to ``--out`` (default ``runs/gpu_check``). ``--publish DIR`` copies the
 files a GPU run wrote to ``DIR`` into ``--out`` (``docs/results``), with the
@@ -41,16 +50,21 @@ re-renders the table and the plot.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
+import glob
 import json
 import os
+import re
 import sys
+import tempfile
 import time
 import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import optax_q
 
@@ -120,13 +134,78 @@ def compare_codes(mu: str, nu: str, rounding: str, steps: int = 5,
                                  'pallas': round(tp_s, 3)})
 
 
+def profile_row(name: str, tx, shapes, steps: int = 5) -> dict:
+  """Where one row's step time goes on this machine's first GPU."""
+  params = jax.tree.map(jnp.asarray, bench_step.host_arrays(shapes, 0))
+  grads = jax.tree.map(jnp.asarray, bench_step.host_arrays(shapes, 1))
+  state = tx.init(params)
+
+  def step_fn(p, s, g):
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  t0 = time.perf_counter()
+  step = jax.jit(step_fn, donate_argnums=(0, 1))
+  hlo = step.lower(params, state, grads).compile().as_text()
+  compile_s = time.perf_counter() - t0
+  for _ in range(3):
+    params, state = step(params, state, grads)
+  jax.block_until_ready((params, state))
+  times = []
+  for _ in range(10):
+    t = time.perf_counter()
+    params, state = step(params, state, grads)
+    jax.block_until_ready((params, state))
+    times.append(time.perf_counter() - t)
+  trace_dir = tempfile.mkdtemp()
+  jax.profiler.start_trace(trace_dir)
+  for _ in range(steps):
+    params, state = step(params, state, grads)
+  jax.block_until_ready((params, state))
+  jax.profiler.stop_trace()
+  kernels = collections.defaultdict(lambda: [0.0, 0])
+  for path in glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'),
+                        recursive=True):
+    for plane in jax.profiler.ProfileData.from_file(path).planes:
+      if not plane.name.startswith('/device:'):
+        continue
+      for line in plane.lines:
+        if 'Stream' not in line.name:  # The kernels, by stream.
+          continue
+        for event in line.events:
+          kernels[event.name][0] += event.duration_ns / 1e3 / steps
+          kernels[event.name][1] += 1 / steps
+  entry = hlo[hlo.index('\nENTRY'):]
+  n = {int(np.prod(s)) for s in shapes.values() if len(s) > 1}
+  # Outputs of the compiled program's reduction kernels that are float32
+  # arrays as large as a matrix parameter: new moments written to memory
+  # beside their block maxima, and read back to be encoded.
+  written = 0
+  for name, outs in re.findall(r'%(\w+)(?:\.\d+)? = \(([^)]*)\) fusion\(',
+                               entry):
+    for dims in re.findall(r'f32\[([\d,]+)\]', outs):
+      written += ('reduce' in name
+                  and int(np.prod([int(d) for d in dims.split(',')])) in n)
+  longest = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:8]
+  return dict(
+      row=name, compile_seconds=round(compile_s, 1),
+      step_ms_median=round(float(np.median(times)) * 1e3, 3),
+      kernel_ms_per_step=round(sum(v[0] for v in kernels.values()) / 1e3, 3),
+      kernels_per_step=round(sum(v[1] for v in kernels.values()), 1),
+      fusions_in_program=entry.count(' fusion('),
+      reduction_kernel_moment_outputs=written,
+      longest_kernels_us_per_step=[
+          dict(name=k, us=round(v[0], 1), launches=round(v[1], 1))
+          for k, v in longest])
+
+
 def publish(src: str, out: str) -> None:
   """Copies a GPU run's JSON results from ``src`` into ``out``."""
-  stems = [stem for stem in ('gpu_check', 'bench_step_gpu')
+  stems = [stem for stem in ('gpu_check', 'bench_step_gpu', 'gpu_profile')
            if os.path.exists(os.path.join(src, stem + '.json'))]
   if not stems:
-    raise SystemExit(f'--publish {src}: no gpu_check.json or '
-                     'bench_step_gpu.json there')
+    raise SystemExit(f'--publish {src}: no gpu_check.json, '
+                     'bench_step_gpu.json or gpu_profile.json there')
   for stem in stems:
     with open(os.path.join(src, stem + '.json')) as f:
       result = json.load(f)
@@ -166,6 +245,9 @@ def main(argv=None) -> None:
                       help="bench_step's budget for compiling its rows "
                       '(default: %(default)s; the rows ready by then are '
                       'measured, the others noted as not run)')
+  parser.add_argument('--profile', action='store_true',
+                      help='where the step time goes, row by row (see above; '
+                      'with --layers 12)')
   parser.add_argument('--rows', default='',
                       help='semicolon-separated exact row names of bench_step '
                       '(default: the 8-bit and 4-bit rows above)')
@@ -178,6 +260,31 @@ def main(argv=None) -> None:
   print(f'{dev.platform} {getattr(dev, "device_kind", "")}; '
         f'jax {jax.__version__}', flush=True)
   revision = args.revision or bench_step.git_revision()
+  header = dict(
+      command='python examples/gpu_check.py ' + ' '.join(
+          sys.argv[1:] if argv is None else argv),
+      git_revision=revision,
+      date=datetime.datetime.now(datetime.timezone.utc).strftime(
+          '%Y-%m-%dT%H:%M:%SZ'),
+      machine=bench_step.machine_line(),
+      versions=bench_step.package_versions())
+  if args.profile:
+    wanted = (args.rows.split(';') if args.rows
+              else [bench_step.BASELINE] + sorted(BENCH_ROWS))
+    configs = dict(bench_step.jax_configs())
+    unknown = [r for r in wanted if r not in configs]
+    if unknown:
+      raise SystemExit(f'--rows: unknown rows {unknown}')
+    shapes = bench_step.param_shapes(args.d, args.layers)
+    rows = []
+    for name in wanted:
+      rows.append(profile_row(name, configs[name](), shapes))
+      print(json.dumps(rows[-1]), flush=True)
+    with open(os.path.join(args.out, 'gpu_profile.json'), 'w') as f:
+      json.dump(dict(header, d=args.d, layers=args.layers, rows=rows), f,
+                indent=2)
+      f.write('\n')
+    return
 
   codes = []
   for fmt in () if args.skip_codes else CODE_FORMATS:
@@ -193,15 +300,7 @@ def main(argv=None) -> None:
       codes.append(r)
       print(json.dumps({k: v for k, v in r.items() if k != 'error_tail'}),
             flush=True)
-  check = dict(
-      command='python examples/gpu_check.py ' + ' '.join(
-          sys.argv[1:] if argv is None else argv),
-      git_revision=revision,
-      date=datetime.datetime.now(datetime.timezone.utc).strftime(
-          '%Y-%m-%dT%H:%M:%SZ'),
-      machine=bench_step.machine_line(),
-      versions=bench_step.package_versions(),
-      codes=codes)
+  check = dict(header, codes=codes)
   if codes:
     with open(os.path.join(args.out, 'gpu_check.json'), 'w') as f:
       json.dump(check, f, indent=2)

@@ -575,6 +575,61 @@ class ScalesApartTest(parameterized.TestCase):
     self.assertIn('stablehlo.case', lowered)
 
 
+class ScaleSourceTest(parameterized.TestCase):
+  """Scales taken from a second evaluation of the values (``scale_source``,
+  the plan of a GPU or TPU): the same bits where it equals them; where it
+  differs in the last bits, as a differently contracted multiply-add makes
+  it, finite codes within a code step of the values."""
+
+  def _x(self, fmt):
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((16, 384))
+         * 10.0 ** rng.uniform(-30, 30, (16, 1))).astype(np.float32)
+    if not fmt.signed:
+      x = np.abs(x)
+    x[0, :5] = [np.inf, -np.inf if fmt.signed else np.inf, np.nan, 0.0,
+                1e-45]
+    x[1, 128:256] = 0.0
+    x[2, :] = np.float32(3e38)
+    return x
+
+  @parameterized.product(
+      name=('fp8_e4m3', 'int8_dynamic', 'nf4', 'ue4m0'),
+      scale_mode=('block', 'block_pow2'), stochastic=(False, True))
+  def test_same_bits_when_equal(self, name, scale_mode, stochastic):
+    fmt = optax_q.get_format(name)
+    x = self._x(fmt)
+    key = jnp.uint32(7) if stochastic else None
+    encode = jax.jit(lambda v, s: qarray_lib.encode(
+        v, fmt, scale_mode=scale_mode, block_size=128, key=key,
+        scale_source=s))
+    plain = qarray_lib.encode(x, fmt, scale_mode=scale_mode, block_size=128,
+                              key=key)
+    # A copy the compiler cannot tell is the same array.
+    got = encode(x, jnp.asarray(x.copy()))
+    for a, b in ((plain.codes, got.codes), (plain.scale, got.scale)):
+      np.testing.assert_array_equal(np.asarray(a).view(np.uint8),
+                                    np.asarray(b).view(np.uint8))
+
+  @parameterized.parameters('fp8_e4m3', 'int8_dynamic', 'int4', 'ue4m0')
+  def test_last_bits_apart_are_clipped(self, name):
+    fmt = optax_q.get_format(name)
+    x = self._x(fmt)
+    finite = np.isfinite(x).all(axis=1)
+    x, source = x[finite], np.nextafter(x[finite], np.float32(0))
+    q = qarray_lib.encode(x, fmt, scale_mode='block', block_size=128,
+                          key=None, scale_source=source)
+    want = qarray_lib.encode(source, fmt, scale_mode='block',
+                             block_size=128, key=None)
+    got = np.asarray(qarray_lib.decode(q))
+    self.assertTrue(np.all(np.isfinite(got)))
+    np.testing.assert_array_equal(np.asarray(q.scale), np.asarray(want.scale))
+    # One ulp apart with the same scales, the values take the source's
+    # codes but where the source sits on a rounding boundary.
+    same = got == np.asarray(qarray_lib.decode(want))
+    self.assertGreater(same.mean(), 0.995)
+
+
 class BadInputTest(parameterized.TestCase):
 
   @parameterized.parameters(

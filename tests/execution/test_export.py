@@ -24,7 +24,9 @@ conditionals) is chosen by `lax.platform_dependent` when the step is
 lowered: an accelerator's module must not hold it.
 """
 
+import dataclasses
 import re
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -34,6 +36,7 @@ from flax import linen as nn
 import optax
 import optax_q
 from optax_q import quant
+from optax_q._src.execution import tiling
 
 PLATFORMS = ('cuda', 'tpu')
 
@@ -139,6 +142,39 @@ class ExportTest(parameterized.TestCase):
     self.assertNotEmpty(_control_flow(cpu))  # The CPU's loop is there.
     self.assertEqual(_control_flow(_export(step, params, state, params)
                                    .mlir_module()), [])
+
+  @parameterized.named_parameters(
+      ('int8', dict(mu_format='int8', nu_format='int8'), 1),
+      ('fp8_int8_dynamic', dict(mu_format='fp8_e4m3',
+                                nu_format='int8_dynamic'), 1),
+      ('pow2_scales', dict(mu_format='nf4', nu_format='ue4m0',
+                           scale_mode='block_pow2'), 1),
+      ('bf16_unscaled', dict(mu_format='bf16', nu_format='bf16'), 0))
+  def test_block_scales_from_a_second_evaluation(self, formats, extra):
+    # Lowered for a GPU or TPU, a leaf with block scales computes its new
+    # state twice, the second time behind a barrier of its own (so the
+    # compiler reduces it to its scales without writing the new moments
+    # to memory); unscaled state, once. Here: one more barrier per scaled
+    # parameter than the same plan without the second evaluation.
+    tx = optax_q.adamw(1e-3, **formats)
+    params = {'w': jnp.ones((128, 256)) * 0.1}
+    state = tx.init(params)
+
+    def step(grads, state, params):
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+    def barriers(plan_fn):
+      jax.clear_caches()
+      with mock.patch.object(tiling, 'for_accelerators', plan_fn):
+        module = jax.export.export(jax.jit(step), platforms=('cuda',))(
+            params, state, params).mlir_module()
+      return module.count('stablehlo.optimization_barrier')
+
+    accelerated = tiling.for_accelerators
+    once = lambda p: dataclasses.replace(  # noqa: E731
+        accelerated(p), recompute=False)
+    self.assertEqual(barriers(accelerated) - barriers(once), extra)
 
   def test_fp8_kernel_lowers_for_tpu(self):
     # kernel='pallas' is compiled where the step is lowered for TPU: Mosaic

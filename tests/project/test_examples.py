@@ -48,6 +48,7 @@ sys.path.insert(0, str(_EXAMPLES))
 import _common  # noqa: E402
 import bench_step  # noqa: E402
 import demo  # noqa: E402
+import gpu_check  # noqa: E402
 import profile_step  # noqa: E402
 import roofline  # noqa: E402
 import scale_calibration  # noqa: E402
@@ -974,6 +975,33 @@ class SlowScriptsTest(_DocsUnchanged):
     self.assert_wrote('update_error.json', 'update_error.md',
                       'update_error.png')
     self.assertLen(rows, 2)  # nearest, stochastic
+
+
+
+class GpuProfileTest(_DocsUnchanged):
+  """``gpu_check.py --profile`` runs anywhere (its kernel times are a GPU's:
+  none here) and writes its record."""
+
+  def test_writes_its_record(self):
+    rows = 'optax.adamw fp32;optax_q int8_dynamic nearest'
+    _quiet(gpu_check.main, ['--profile', '--d', '128', '--layers', '1',
+                            '--rows', rows, '--revision', 'abc1234',
+                            '--out', str(self.out)])
+    self.assert_wrote('gpu_profile.json')
+    record = json.loads((self.out / 'gpu_profile.json').read_text())
+    self.assertEqual(record['git_revision'], 'abc1234')
+    self.assertIn('--profile', record['command'])
+    self.assertEqual([r['row'] for r in record['rows']], rows.split(';'))
+    for row in record['rows']:
+      self.assertGreater(row['step_ms_median'], 0)
+      self.assertGreater(row['fusions_in_program'], 0)
+      self.assertEqual(row['reduction_kernel_moment_outputs'], 0)
+
+  def test_unknown_rows_are_refused(self):
+    with self.assertRaisesRegex(SystemExit, 'unknown rows'):
+      _quiet(gpu_check.main, ['--profile', '--rows', 'optax.adamw fp64',
+                              '--out', str(self.out)])
+    self.assertEqual(list(self.out.iterdir()), [])
 
 
 if __name__ == '__main__':

@@ -535,6 +535,7 @@ def encode(  # pylint: disable=too-many-branches
     row_stride: int = 1,
     row_offset: jax.Array | int = 0,
     materialize: Callable[[Callable[[], Any]], Any] | None = None,
+    scale_source: jax.Array | None = None,
 ) -> QArray:
   """Encodes ``x`` with a fixed layout; ``key`` set means stochastic.
 
@@ -551,6 +552,16 @@ def encode(  # pylint: disable=too-many-branches
   knows nothing of backends. It must not change the values, only where
   they are computed. (Power-of-two scales, range expansion and rank-1
   maxima ignore it.)
+
+  ``scale_source``, where given, is ``x`` computed a second time, apart
+  (the same values, or values that differ from them in the last bits where
+  the compiler contracted a multiply and an add differently): the per-block
+  values of those same layouts are taken from it, so that a compiler can
+  reduce it to its block maxima without writing ``x`` to memory and compute
+  ``x`` again where it is encoded. An element of ``x`` above its block's
+  target is clipped onto it, as a saturated scale's are. (Power-of-two
+  scales take their maxima from it too; range expansion, which reads every
+  element's exponent, and rank-1 maxima ignore it.)
   """
   sr_rows = dict(row_stride=row_stride, row_offset=row_offset)
   shape = tuple(x.shape)
@@ -598,8 +609,16 @@ def encode(  # pylint: disable=too-many-branches
          else rounding_lib.uniform(key, xb.shape, **sr_rows))
     nan_code = None
     inverse_scale = None
+
+    def maxima():  # Per block: from ``scale_source`` where given.
+      if scale_source is None:
+        return finite_maxima(xb, is_inf, axis=-1)
+      sb = _blocked(jnp.asarray(scale_source, jnp.float32).reshape(xf.shape),
+                    scale_mode, block_size)
+      return finite_maxima(sb, jnp.isinf(sb), axis=-1)
     if scale_mode == 'block_pow2' or fmt.expand:
-      absmax, has_inf, has_nan = finite_maxima(xb, is_inf, axis=-1)
+      absmax, has_inf, has_nan = (maxima() if not fmt.expand
+                                  else finite_maxima(xb, is_inf, axis=-1))
       target, inverse = block_targets(fmt, has_inf)
       if scale_mode == 'block_pow2':
         stored = pow2_scale(absmax, target, has_inf | has_nan)
@@ -617,7 +636,7 @@ def encode(  # pylint: disable=too-many-branches
         stored = jnp.where(has_inf, -stored, stored)
     else:
       def per_block():
-        absmax, has_inf, has_nan = finite_maxima(xb, is_inf, axis=-1)
+        absmax, has_inf, has_nan = maxima()
         target, inverse = block_targets(fmt, has_inf | has_nan)
         scale, stored = box_scale(block_scale(absmax, target, inverse),
                                   has_nan)
@@ -1063,17 +1082,19 @@ def encode_like(
     row_stride: int = 1,
     row_offset: jax.Array | int = 0,
     materialize: Callable[[Callable[[], Any]], Any] | None = None,
+    scale_source: jax.Array | None = None,
 ) -> QArray:
   """Encodes ``x`` with the layout of ``q`` (format, scales, logical dtype).
 
   The one way the library re-encodes a stored leaf (after an update, at a
   reset, tile by tile): ``x`` is taken as float32. ``key``, ``row_stride``,
-  ``row_offset`` and ``materialize`` are as for `encode`.
+  ``row_offset``, ``materialize`` and ``scale_source`` are as for `encode`.
   """
   return encode(
       jnp.asarray(x, jnp.float32), q.fmt, scale_mode=q.scale_mode,
       block_size=q.block_size or 2, key=key, dtype=q.dtype,
-      row_stride=row_stride, row_offset=row_offset, materialize=materialize)
+      row_stride=row_stride, row_offset=row_offset, materialize=materialize,
+      scale_source=scale_source)
 
 
 def decode(q: QArray, dtype: Any = jnp.float32) -> jax.Array:

@@ -72,6 +72,10 @@ class Plan:
       core; see the performance page).
     kernel: ``'xla'`` (the loop) or ``'pallas'`` (one kernel).
     interpret: Whether the kernel runs interpreted (lowered for CPU).
+    recompute: Compute the new state a second time, apart, for the block
+      scales (the codec's ``scale_source``): the compiler then reduces that
+      copy to its block maxima without writing the new moments to memory,
+      and computes them again where it encodes them (GPU, TPU).
   """
 
   tiles: int
@@ -80,6 +84,7 @@ class Plan:
   own_buffer: bool = False
   kernel: str = 'xla'
   interpret: bool = True
+  recompute: bool = False
 
 
 def num_tiles(shape: tuple[int, ...], tile_size: int | None) -> int:
@@ -147,10 +152,12 @@ def for_accelerators(p: Plan) -> Plan:
   update, block maxima and encode into a few kernels over the whole leaf,
   where a loop over tiles would launch them once per tile (on an H100, a
   302M-parameter tree in tiles of 2^18 elements ran at 4.7x the float32
-  step). A Pallas kernel asked for is compiled rather than interpreted.
-  A one-call plan is the CPU's own (its fusion device lowers to nothing
-  there, `fusion.apart`); a tiled leaf's drops the fusion device, which
-  saves tracing it.
+  step). No fusion device (it lowers to nothing there, `fusion.apart`);
+  instead a leaf with block scales computes its new state twice
+  (``recompute``): on an H100 the compiler otherwise wrote the new float32
+  moments to memory in the kernel that reduces them to their block maxima
+  and read them back to encode them, eight bytes per element each way. A
+  Pallas kernel asked for is compiled rather than interpreted.
 
   Args:
     p: A plan of `plan` (for CPU).
@@ -160,9 +167,8 @@ def for_accelerators(p: Plan) -> Plan:
   """
   if p.kernel == 'pallas':
     return dataclasses.replace(p, interpret=False)
-  if p.tiles == 1:
-    return p
-  return dataclasses.replace(p, tiles=1, apart=False, own_buffer=False)
+  return dataclasses.replace(p, tiles=1, apart=False, own_buffer=False,
+                             recompute=p.apart)
 
 
 def per_platform(p: Plan, fn: Callable[[Plan], Any]) -> Any:

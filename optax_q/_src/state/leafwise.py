@@ -189,7 +189,8 @@ def plan_layout(updates: Any, old: Any, params: Any) -> Layout | None:
 
 def isolated(lay: Layout, inner_update: Callable[..., Any],
              extra_args: dict[str, Any], g, p, stored, roundings, *,
-             shared: list[Any] | None = None, barrier: bool = True):
+             shared: list[Any] | None = None, barrier: bool = True,
+             again: bool = False):
   """The inner update on one parameter (or tile), cut off from the rest.
 
   ``stored`` holds, per shaped slot, this parameter's stored state (a
@@ -208,7 +209,9 @@ def isolated(lay: Layout, inner_update: Callable[..., Any],
 
   ``shared`` replaces the shared slots (inside a kernel, which reads them
   from its inputs); ``barrier=False`` leaves the barrier out (a kernel body
-  compiled on its own needs none).
+  compiled on its own needs none). ``again`` marks a second evaluation of
+  the same call (`tiling.Plan.recompute`): its barrier differs from the
+  first's, so the compiler keeps the two apart.
 
   Returns:
     ``(update, new shaped-slot leaves, new shared slots)``.
@@ -216,7 +219,8 @@ def isolated(lay: Layout, inner_update: Callable[..., Any],
   if shared is None:
     shared = shared_slots(lay)
   if barrier:
-    g, p, stored, shared = lax.optimization_barrier((g, p, stored, shared))
+    g, p, stored, shared, *_ = lax.optimization_barrier(
+        (g, p, stored, shared) + ((jnp.int32(1),) if again else ()))
   values = [decode_for_inner(x, r) for x, r in zip(stored, roundings)]
   it_shared, it_values = iter(shared), iter(values)
   state = lay.sdef.unflatten([
@@ -341,14 +345,18 @@ def _param(run: _Run, lay: Layout, j: int, plan: tiling.Plan):
     return _tiled(run, lay, j, plan)
   stalled = {}
   entries = lay.entries(j)
-  (u, shaped, rest), materialize = tiling.computed(
-      lambda: run.call(lay.grads[j], lay.param(j), [x for _, x, _ in entries],
-                       run.roundings(entries)), tiling.whole_token(plan))
+  call = lambda again=False: run.call(  # noqa: E731
+      lay.grads[j], lay.param(j), [x for _, x, _ in entries],
+      run.roundings(entries), again=again)
+  (u, shaped, rest), materialize = tiling.computed(call,
+                                                   tiling.whole_token(plan))
+  sources = (call(again=True)[1] if plan.recompute
+             else [None] * len(shaped))
   new = []
-  for (_, x, i), n in zip(entries, shaped):
+  for (_, x, i), n, source in zip(entries, shaped, sources):
     if qarray_lib.is_qarray(x):
       n = qarray_lib.encode_like(x, n, key=run.key_for(i),
-                                 materialize=materialize)
+                                 materialize=materialize, scale_source=source)
       if run.track_stalls:
         stalled[i] = stall(x, n)
     new.append(n)
