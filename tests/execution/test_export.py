@@ -164,17 +164,49 @@ class ExportTest(parameterized.TestCase):
       updates, state = tx.update(grads, state, params)
       return optax.apply_updates(params, updates), state
 
-    def barriers(plan_fn):
+    def barriers(fused):
       jax.clear_caches()
-      with mock.patch.object(tiling, 'for_accelerators', plan_fn):
+      with mock.patch.object(tiling, '_fused', fused):
         module = jax.export.export(jax.jit(step), platforms=('cuda',))(
             params, state, params).mlir_module()
       return module.count('stablehlo.optimization_barrier')
 
-    accelerated = tiling.for_accelerators
+    fused = tiling._fused  # pylint: disable=protected-access
     once = lambda p: dataclasses.replace(  # noqa: E731
-        accelerated(p), recompute=False)
-    self.assertEqual(barriers(accelerated) - barriers(once), extra)
+        fused(p), recompute=False)
+    self.assertEqual(barriers(fused) - barriers(once), extra)
+
+  @parameterized.product(
+      make=(lambda **kw: optax_q.adamw(1e-3, **kw),
+            lambda **kw: optax_q.adam(1e-3, **kw),
+            lambda mu_format, nu_format, **kw: optax_q.lion(
+                1e-4, mu_format=mu_format, **kw),
+            lambda mu_format, nu_format, **kw: optax_q.sgd(
+                1e-2, momentum=0.9, mu_format=mu_format, **kw)),
+      fmt=('fp8_e4m3', 'fp8_e5m2', 'int8', 'int8_dynamic', 'int4'),
+      rounding=('nearest', 'stochastic'))
+  def test_triton_kernel_for_gpu_where_it_lowers(self, make, fmt, rounding):
+    # kernel='pallas' lowered for CUDA: a Triton kernel for the leaves
+    # whose formats and rows it lowers (one-byte float and integer grids,
+    # rows of a power of two), the XLA path for the others; never a failed
+    # export. The dynamic map's lookup and packed 4-bit codes take the XLA
+    # path, as does a row of 3072.
+    tx = make(mu_format=fmt, nu_format=fmt, rounding=rounding,
+              kernel='pallas')
+    params = {'w': jnp.ones((64, 1024)) * 0.1, 'odd': jnp.ones((8, 3072))}
+    state = tx.init(params)
+
+    def step(grads, state, params):
+      updates, state = tx.update(grads, state, params)
+      return optax.apply_updates(params, updates), state
+
+    module = jax.export.export(
+        jax.jit(step), platforms=('cuda',),
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+            '__gpu$xla.gpu.triton')])(params, state, params).mlir_module()
+    kernels = module.count('@__gpu$xla.gpu.triton(')
+    self.assertEqual(kernels, int(fmt in ('fp8_e4m3', 'fp8_e5m2', 'int8')))
+    self.assertEqual(_control_flow(module), [])
 
   def test_fp8_kernel_lowers_for_tpu(self):
     # kernel='pallas' is compiled where the step is lowered for TPU: Mosaic

@@ -18,7 +18,9 @@ kernel must reproduce bit for bit; the loop itself is checked against the
 whole-tree path in test_leafwise.py.
 """
 
+import dataclasses
 import functools
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -99,6 +101,39 @@ class KernelMatchesLoopTest(parameterized.TestCase):
   @pytest.mark.slow
   def test_adam_every_format_and_rounding(self, fmt, rounding):
     self._check_adam(fmt, rounding)
+
+  @parameterized.product(fmt=('fp8_e4m3', 'int8'),
+                         rounding=('nearest', 'stochastic'))
+  def test_gpu_plan_interpreted_matches_the_loop(self, fmt, rounding):
+    # The GPU's kernel plan (blocks of whole rows, GPU_BLOCK elements),
+    # interpreted here, gives the codes of the XLA loop bit for bit.
+    params = {'w': jax.random.normal(jax.random.key(5), (32, 1024)) * 0.1,
+              'b': jax.random.normal(jax.random.key(6), (200,))}
+    grads = lambda i: jax.tree.map(  # noqa: E731
+        lambda x: jnp.sin(x * (i + 1)) * 0.01, params)
+    tx = optax_q.adamw(1e-2, mu_format=fmt, nu_format=fmt,
+                       rounding=rounding, min_size=0, kernel='pallas')
+
+    def run():
+      jax.clear_caches()
+      p, state = params, tx.init(params)
+      for i in range(3):
+        u, state = jax.jit(tx.update)(grads(i), state, p)
+        p = optax.apply_updates(p, u)
+      return p, state
+
+    plans = []
+    gpu_interpreted = lambda p, fn: fn(plans.append(  # noqa: E731
+        tiling.for_gpu(p)) or dataclasses.replace(
+            tiling.for_gpu(p), interpret=True, triton=False))
+    with mock.patch.object(tiling, 'per_platform', gpu_interpreted):
+      got = run()
+    self.assertIn(('pallas', 8), [(q.kernel, q.tiles) for q in plans])
+    with mock.patch.object(tiling, 'per_platform',
+                           lambda p, fn: fn(dataclasses.replace(
+                               p, kernel='xla'))):
+      want = run()
+    helpers.assert_trees_equal(got, want)
 
   def _check_adam(self, fmt, rounding):
     params = _params()
@@ -199,6 +234,29 @@ class KernelChoiceTest(absltest.TestCase):
     accelerated = tiling.for_accelerators(p)
     self.assertEqual((accelerated.kernel, accelerated.interpret,
                       accelerated.tiles), ('pallas', False, 64))
+
+  def test_gpu_kernel_where_triton_lowers(self):
+    def gpu(shape, kernel='pallas', ready=True, **kwargs):
+      return tiling.for_gpu(tiling.plan(
+          shape, tile_size=2**18, tileable=True, arrays=[], scaled=True,
+          byte_codes=True, track_stalls=False, kernel=kernel,
+          triton_ready=ready, **kwargs))
+    # Programs of GPU_BLOCK elements of whole rows, compiled by Triton.
+    p = gpu((1024, 1024))
+    self.assertEqual((p.kernel, p.tiles, p.triton, p.interpret),
+                     ('pallas', 1024 * 1024 // tiling.GPU_BLOCK, True, False))
+    self.assertEqual(gpu((64, tiling.GPU_ROW_MAX)).tiles, 64)
+    # Elsewhere the XLA path of the TPU plan's kind: one fused call.
+    for q in (gpu((1024, 3072)), gpu((1024, 2 * tiling.GPU_ROW_MAX)),
+              gpu((1022, 1024)), gpu((1024, 1024), ready=False),
+              gpu((1024, 1024), kernel='auto'), gpu((16, 4, 1024))):
+      self.assertEqual((q.kernel, q.tiles, q.triton), ('xla', 1, False))
+    # A TPU keeps the CPU's tiles, compiled by Mosaic.
+    tpu = tiling.for_accelerators(tiling.plan(
+        (1024, 1024), tile_size=2**18, tileable=True, arrays=[], scaled=True,
+        byte_codes=True, track_stalls=False, kernel='pallas',
+        triton_ready=True))
+    self.assertEqual((tpu.kernel, tpu.tiles, tpu.triton), ('pallas', 4, False))
 
   def test_stall_telemetry_keeps_the_loop(self):
     p = _plan('pallas', track_stalls=True)

@@ -721,7 +721,9 @@ def finite_maxima(x: jax.Array, is_inf: jax.Array, axis
   is_nan = jnp.isnan(x)
   mag = jnp.where(is_nan | is_inf, jnp.float32(0), jnp.abs(x))
   top = jnp.max(mag, axis=axis, initial=0.0)
-  return top, jnp.any(is_inf, axis=axis), jnp.any(is_nan, axis=axis)
+  flag = lambda b: jnp.max(jnp.where(b, jnp.float32(1), jnp.float32(0)),  # noqa: E731
+                           axis=axis, initial=0.0) > 0
+  return top, flag(is_inf), flag(is_nan)
 
 
 # A NaN block's scale (`box_scale`): a quiet NaN (exponent all ones, bit 22)

@@ -115,9 +115,15 @@ def round_int(y: jax.Array, u: jax.Array | None) -> jax.Array:
   (a value already on the grid) would go up whenever ``u`` is within half a
   step of ``y`` below one, which from ``2**21`` on is one draw in eight.
   """
-  if u is None:
-    return jnp.round(y)
   low = jnp.floor(y)
+  if u is None:
+    # Half to even from the floor and the (exact) fraction: ``jnp.round``'s
+    # values, with floor and compares only (Pallas' Triton lowering has no
+    # rounding to nearest). At or above 2**23 every float32 is an integer.
+    frac = y - low
+    odd = low - jnp.float32(2) * jnp.floor(low * jnp.float32(0.5)) == 1
+    r = jnp.where((frac > 0.5) | ((frac == 0.5) & odd), low + 1, low)
+    return jnp.where(r == 0, y * jnp.float32(0), r)  # -0.5 < y < 0: -0.0.
   return low + (u >= jnp.float32(1.0) - (y - low)).astype(y.dtype)
 
 

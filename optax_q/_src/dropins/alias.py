@@ -373,9 +373,10 @@ def adamw(
       step on CPU (see the performance page). Resets with
       ``reset_every='adaptive'`` measure their own stalls and do not need it.
     kernel: How the moments of a large parameter (updated in tiles of rows)
-      are made: ``'auto'`` (a Pallas kernel where its lowering is verified
-      for the platform, none yet: XLA), ``'xla'`` or ``'pallas'``
-      (interpreted on CPU, for tests; not with ``track_stalls``); see
+      are made: ``'auto'`` (a Pallas kernel where its run is verified for
+      the platform, none yet: XLA), ``'xla'`` or ``'pallas'`` (interpreted
+      on CPU, for tests; Triton on a GPU for the one-byte float and integer
+      grids; not with ``track_stalls``); see
       [`quantize_state`][optax_q.quantize_state].
     bits: Deprecated: compose [`adaptive_bits`][optax_q.adaptive_bits]
       instead (below). None (the moments in ``mu_format`` and

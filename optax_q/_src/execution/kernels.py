@@ -23,14 +23,19 @@ the codecs of ``qarray``), traced into the kernel body, so the kernel
 holds no second copy of any codec. Interpreted (on CPU, where the tests
 compare them bit for bit) its codes are the XLA loop's.
 
-On GPU (Triton) and TPU (Mosaic) the whole step of a tile would be one
-kernel: the moments decoded, updated, reduced to their block maxima and
-encoded in registers and on-chip memory, once. A tile is one block here,
-which is larger than a GPU program holds, and on an H100 and an H200 Pallas'
-Triton lowering refused this step for every format family (the performance
-page's GPU section says why for each). So the kernel runs only where it is
-asked for (``kernel='pallas'``); ``'auto'``, the default, takes the XLA
-path on every platform until a kernel's lowering is verified for one.
+On GPU (Triton) and TPU (Mosaic) the whole step of a tile is one kernel:
+the moments decoded, updated, reduced to their block maxima and encoded in
+registers and on-chip memory, once. Lowered for a GPU, a tile is a few
+thousand elements of whole rows (`tiling.for_gpu`), and only the formats
+whose step Triton lowers take it (one-byte float and integer grids with
+block scales, rows of a power of two; the dynamic map's lookup and packed
+4-bit codes it refuses); lowered for a TPU, the CPU's tiles, compiled by
+Mosaic. On an H100 and an H200, before its blocks were cut to a GPU
+program's size and its rounding and flags written with operations Triton
+has, Triton refused the kernel for every format family (the performance
+page's GPU section). Its run on a GPU is not verified yet, so the kernel
+runs only where it is asked for (``kernel='pallas'``); ``'auto'``, the
+default, takes the XLA path on every platform until it is.
 """
 
 from __future__ import annotations
@@ -40,14 +45,16 @@ from typing import Any
 
 import jax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
 from jax.extend import core as jax_core
 import jax.numpy as jnp
 
 KERNELS = ('auto', 'xla', 'pallas')
 """The values of ``kernel``: ``'xla'`` (what the compiler fuses),
 ``'pallas'`` (one Pallas kernel per tiled leaf; interpreted where the step
-is lowered for CPU, for tests) and ``'auto'`` (the kernel where its
-lowering is verified for the platform: at present none, so XLA)."""
+is lowered for CPU, for tests; by Triton on a GPU where it lowers, else the
+XLA path there; by Mosaic on a TPU) and ``'auto'`` (the kernel where its
+run is verified for the platform: at present none, so XLA)."""
 
 
 def _spec(x: jax.Array, tiles: int, tiled: bool) -> pl.BlockSpec:
@@ -66,6 +73,7 @@ def tile_map(
     tiles: int,
     *,
     interpret_mode: bool,
+    triton: bool = False,
 ) -> Any:
   """New ``carried``, computed tile by tile and written in its place.
 
@@ -81,6 +89,8 @@ def tile_map(
       rounding keys).
     tiles: Number of tiles.
     interpret_mode: Run the kernel interpreted (CPU).
+    triton: Compile it with Pallas' Triton backend (GPU); else with the
+      platform's default (Mosaic on TPU).
 
   Returns:
     The new ``carried``.
@@ -133,5 +143,7 @@ def tile_map(
                 + [_spec(x, tiles, False) for x in whole]),
       out_specs=[_spec(x, tiles, True) for x in c_leaves],
       input_output_aliases={i: i for i in range(n_c)},
-      interpret=interpret_mode, name='optax_q_tile_update')(*tiled, *whole)
+      interpret=interpret_mode, name='optax_q_tile_update',
+      compiler_params=(pl_triton.CompilerParams(num_warps=4, num_stages=1)
+                       if triton else None))(*tiled, *whole)
   return c_def.unflatten(new)

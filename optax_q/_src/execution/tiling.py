@@ -21,10 +21,11 @@ decode its stored state, run the inner update, encode. This module says
   many); whether the CPU fusion device (`fusion.apart`) computes the new
   moments and the block scales into buffers of their own; whether a tiled
   leaf's tiles run as a loop or as one Pallas kernel. That is the plan
-  for CPU; `for_accelerators` gives a GPU's and a TPU's (one fused call,
-  or the kernel compiled), and `per_platform` runs the one of the
-  platform the step is lowered for (the fusion device decides by itself,
-  `fusion.apart`).
+  for CPU; `for_gpu` gives a GPU's (one fused call, or the kernel compiled
+  by Triton in programs of `GPU_BLOCK` elements) and `for_accelerators` a
+  TPU's (one fused call, or the kernel compiled by Mosaic), and
+  `per_platform` runs the one of the platform the step is lowered for
+  (the fusion device decides by itself, `fusion.apart`).
 - `computed`: a value computed as the plan asks, with the ``materialize``
   function the codec's encoder takes to match.
 - `loop`: the tiles by a ``lax.fori_loop``, written in place or into
@@ -76,6 +77,10 @@ class Plan:
       scales (the codec's ``scale_source``): the compiler then reduces that
       copy to its block maxima without writing the new moments to memory,
       and computes them again where it encodes them (GPU, TPU).
+    gpu_tiles: Tiles of the kernel where the step is lowered for a GPU
+      (`for_gpu`), each a Triton program of at most `GPU_BLOCK` elements;
+      0 where the leaf takes the XLA path there.
+    triton: Whether the kernel is compiled by Pallas' Triton backend.
   """
 
   tiles: int
@@ -85,6 +90,17 @@ class Plan:
   kernel: str = 'xla'
   interpret: bool = True
   recompute: bool = False
+  gpu_tiles: int = 0
+  triton: bool = False
+
+
+GPU_BLOCK = 4096
+"""Elements a GPU kernel program takes at most (whole rows of a leaf, a
+power of two: Triton's blocks are), unless one row is longer: up to
+`GPU_ROW_MAX`."""
+
+GPU_ROW_MAX = 16384
+"""The longest row a GPU kernel program takes whole."""
 
 
 def num_tiles(shape: tuple[int, ...], tile_size: int | None) -> int:
@@ -114,7 +130,8 @@ def explicitly_sharded(x: Any) -> bool:
 
 def plan(shape: tuple[int, ...], *, tile_size: int | None, tileable: bool,
          arrays: list[Any], scaled: bool, byte_codes: bool,
-         track_stalls: bool, kernel: str) -> Plan:
+         track_stalls: bool, kernel: str, triton_ready: bool = False
+         ) -> Plan:
   """The plan of one parameter's update as lowered for CPU.
 
   `per_platform` runs it for CPU and its `for_accelerators` twin for a GPU
@@ -134,19 +151,28 @@ def plan(shape: tuple[int, ...], *, tile_size: int | None, tileable: bool,
     track_stalls: Whether unchanged codes are counted (the loop then keeps
       the old state; no kernel).
     kernel: ``'xla'``, ``'pallas'`` or ``'auto'`` (`kernels.KERNELS`).
+    triton_ready: Whether its stored formats' kernel lowers with Pallas'
+      Triton backend (one-byte codes of the float and integer grids, block
+      scales: checked by export in the tests).
   """
-  tiles = 1
+  tiles, gpu_tiles = 1, 0
   if tileable and not any(explicitly_sharded(x) for x in arrays
                           if x is not None):
     tiles = num_tiles(shape, tile_size)
+    rows, cols = (shape + (0, 0))[:2] if len(shape) == 2 else (0, 0)
+    per_program = max(1, GPU_BLOCK // max(cols, 1))
+    if (kernel == 'pallas' and not track_stalls and triton_ready
+        and 0 < cols <= GPU_ROW_MAX and cols & (cols - 1) == 0
+        and rows % per_program == 0):
+      gpu_tiles = rows // per_program
   use_kernel = kernel == 'pallas' and not track_stalls and tiles > 1
   return Plan(tiles=tiles, apart=scaled, in_place=not track_stalls,
               own_buffer=byte_codes, kernel='pallas' if use_kernel else 'xla',
-              interpret=True)
+              interpret=True, gpu_tiles=gpu_tiles)
 
 
 def for_accelerators(p: Plan) -> Plan:
-  """``p`` as lowered for a GPU or TPU.
+  """``p`` as lowered for a TPU (and a GPU where `for_gpu` has no kernel).
 
   On the XLA path, no tiles: the compiler fuses a leaf's decode, inner
   update, block maxima and encode into a few kernels over the whole leaf,
@@ -157,37 +183,65 @@ def for_accelerators(p: Plan) -> Plan:
   (``recompute``): on an H100 the compiler otherwise wrote the new float32
   moments to memory in the kernel that reduces them to their block maxima
   and read them back to encode them, eight bytes per element each way. A
-  Pallas kernel asked for is compiled rather than interpreted.
+  Pallas kernel asked for is compiled by Mosaic rather than interpreted.
 
   Args:
     p: A plan of `plan` (for CPU).
 
   Returns:
-    The plan for a GPU or TPU.
+    The plan for a TPU.
   """
   if p.kernel == 'pallas':
     return dataclasses.replace(p, interpret=False)
+  return _fused(p)
+
+
+def _fused(p: Plan) -> Plan:
   return dataclasses.replace(p, tiles=1, apart=False, own_buffer=False,
-                             recompute=p.apart)
+                             kernel='xla', recompute=p.apart)
+
+
+def for_gpu(p: Plan) -> Plan:
+  """``p`` as lowered for a GPU.
+
+  Where the kernel was asked for and lowers with Triton (``gpu_tiles``),
+  the kernel compiled by Triton, one program per `GPU_BLOCK` elements of
+  whole rows; elsewhere the XLA path of `for_accelerators` (a kernel that
+  Triton does not lower, or whose blocks it would refuse, is not tried).
+
+  Args:
+    p: A plan of `plan` (for CPU).
+
+  Returns:
+    The plan for a GPU.
+  """
+  if p.gpu_tiles:
+    return dataclasses.replace(p, tiles=p.gpu_tiles, apart=False,
+                               own_buffer=False, kernel='pallas',
+                               interpret=False, triton=True)
+  return _fused(p)
 
 
 def per_platform(p: Plan, fn: Callable[[Plan], Any]) -> Any:
-  """``fn(p)`` where the step is lowered for CPU, ``fn(for_accelerators(p))``
-  elsewhere.
+  """``fn(p)`` where the step is lowered for CPU, ``fn(for_gpu(p))`` for
+  CUDA and ``fn(for_accelerators(p))`` elsewhere.
 
   Args:
     p: A plan of `plan` (for CPU).
     fn: Computes a parameter's update as a plan asks.
 
   Returns:
-    ``fn(p)`` itself where both plans are the same; else
-    `lax.platform_dependent`'s choice (both are traced, and the lowering
-    keeps the one of its platform).
+    ``fn(p)`` itself where the plans are all the same; else
+    `lax.platform_dependent`'s choice (each distinct plan is traced, and
+    the lowering keeps the one of its platform).
   """
-  accelerated = for_accelerators(p)
-  if accelerated == p:
+  accelerated, gpu = for_accelerators(p), for_gpu(p)
+  if accelerated == p and gpu == p:
     return fn(p)
-  return lax.platform_dependent(cpu=lambda: fn(p),
+  if gpu == accelerated:
+    return lax.platform_dependent(cpu=lambda: fn(p),
+                                  default=lambda: fn(accelerated))
+  return lax.platform_dependent(cpu=lambda: fn(p), cuda=lambda: fn(gpu),
                                 default=lambda: fn(accelerated))
 
 
@@ -276,4 +330,4 @@ def by_kernel(p: Plan, step: Callable[..., Any], args: tuple[Any, Any, Any]):
   if p.kernel != 'pallas':
     return None
   return kernels.tile_map(step, *args, tiles=p.tiles,
-                          interpret_mode=p.interpret)
+                          interpret_mode=p.interpret, triton=p.triton)

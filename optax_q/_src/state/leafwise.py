@@ -258,7 +258,11 @@ def _plan_of(lay: Layout, j: int, tile_size: int | None, *,
       scaled=any(x.scale is not None for x in quantized),
       byte_codes=any(jnp.dtype(x.codes.dtype).itemsize == 1
                      for x in quantized),
-      track_stalls=track_stalls, kernel=kernel)
+      track_stalls=track_stalls, kernel=kernel,
+      triton_ready=bool(quantized) and all(
+          x.fmt.kind in ('float', 'int') and not x.fmt.packed
+          and x.scale_mode in ('block', 'none')
+          and jnp.dtype(x.codes.dtype).itemsize == 1 for x in quantized))
 
 
 class _Run(NamedTuple):
@@ -306,7 +310,8 @@ def update(
     kernel: How a tiled leaf's new state is made (``kernels.KERNELS``):
       ``'xla'`` and ``'auto'``, a loop over tiles (lowered for CPU) or one
       fused call (GPU, TPU); ``'pallas'``, one Pallas kernel (interpreted
-      where the step is lowered for CPU; not with ``track_stalls``).
+      where the step is lowered for CPU; on a GPU where Triton lowers it,
+      `tiling.for_gpu`; not with ``track_stalls``).
 
   Returns:
     ``(new_updates, new_inner_state, {flat index: stalled fraction})``, or
