@@ -159,11 +159,12 @@ def plan(shape: tuple[int, ...], *, tile_size: int | None, tileable: bool,
   if tileable and not any(explicitly_sharded(x) for x in arrays
                           if x is not None):
     tiles = num_tiles(shape, tile_size)
-    rows, cols = (shape + (0, 0))[:2] if len(shape) == 2 else (0, 0)
+    # Triton's blocks: whole rows of a power of two, GPU_BLOCK elements.
+    rows, cols = shape if len(shape) == 2 else (0, 0)
     per_program = max(1, GPU_BLOCK // max(cols, 1))
-    if (kernel == 'pallas' and not track_stalls and triton_ready
-        and 0 < cols <= GPU_ROW_MAX and cols & (cols - 1) == 0
-        and rows % per_program == 0):
+    blocks = (0 < cols <= GPU_ROW_MAX and cols & (cols - 1) == 0
+              and rows % per_program == 0)
+    if kernel == 'pallas' and not track_stalls and triton_ready and blocks:
       gpu_tiles = rows // per_program
   use_kernel = kernel == 'pallas' and not track_stalls and tiles > 1
   return Plan(tiles=tiles, apart=scaled, in_place=not track_stalls,
