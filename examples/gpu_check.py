@@ -187,10 +187,10 @@ def profile_row(name: str, tx, shapes, steps: int = 5) -> dict:
   # arrays as large as a matrix parameter: new moments written to memory
   # beside their block maxima, and read back to be encoded.
   written = 0
-  for name, outs in re.findall(r'%(\w+)(?:\.\d+)? = \(([^)]*)\) fusion\(',
-                               entry):
+  for fusion, outs in re.findall(
+      r'%(\w+)(?:\.\d+)? = \(([^)]*)\) fusion\(', entry):
     for dims in re.findall(r'f32\[([\d,]+)\]', outs):
-      written += ('reduce' in name
+      written += ('reduce' in fusion
                   and int(np.prod([int(d) for d in dims.split(',')])) in n)
   longest = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:8]
   return dict(

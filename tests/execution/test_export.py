@@ -24,7 +24,6 @@ conditionals) is chosen by `lax.platform_dependent` when the step is
 lowered: an accelerator's module must not hold it.
 """
 
-import dataclasses
 import re
 from unittest import mock
 
@@ -36,7 +35,7 @@ from flax import linen as nn
 import optax
 import optax_q
 from optax_q import quant
-from optax_q._src.execution import tiling
+from optax_q._src.state import leafwise
 
 PLATFORMS = ('cuda', 'tpu')
 
@@ -149,13 +148,16 @@ class ExportTest(parameterized.TestCase):
                                 nu_format='int8_dynamic'), 1),
       ('pow2_scales', dict(mu_format='nf4', nu_format='ue4m0',
                            scale_mode='block_pow2'), 1),
+      ('rank1', dict(mu_format='nf4', nu_format='ue4m0',
+                     scale_mode='rank1'), 0),
       ('bf16_unscaled', dict(mu_format='bf16', nu_format='bf16'), 0))
   def test_block_scales_from_a_second_evaluation(self, formats, extra):
     # Lowered for a GPU or TPU, a leaf with block scales computes its new
     # state twice, the second time behind a barrier of its own (so the
     # compiler reduces it to its scales without writing the new moments
-    # to memory); unscaled state, once. Here: one more barrier per scaled
-    # parameter than the same plan without the second evaluation.
+    # to memory); lowered for CPU, and for unscaled or rank-1 state, once:
+    # one more barrier per such parameter in the GPU's module than in the
+    # CPU's.
     tx = optax_q.adamw(1e-3, **formats)
     params = {'w': jnp.ones((128, 256)) * 0.1}
     state = tx.init(params)
@@ -164,17 +166,18 @@ class ExportTest(parameterized.TestCase):
       updates, state = tx.update(grads, state, params)
       return optax.apply_updates(params, updates), state
 
-    def barriers(fused):
+    def barriers(platform, second=True):
       jax.clear_caches()
-      with mock.patch.object(tiling, '_fused', fused):
-        module = jax.export.export(jax.jit(step), platforms=('cuda',))(
+      with mock.patch.object(leafwise, '_reads_scale_source',
+                             leafwise._reads_scale_source if second  # pylint: disable=protected-access
+                             else lambda x: False):
+        module = jax.export.export(jax.jit(step), platforms=(platform,))(
             params, state, params).mlir_module()
       return module.count('stablehlo.optimization_barrier')
 
-    fused = tiling._fused  # pylint: disable=protected-access
-    once = lambda p: dataclasses.replace(  # noqa: E731
-        fused(p), recompute=False)
-    self.assertEqual(barriers(fused) - barriers(once), extra)
+    self.assertEqual(barriers('cuda') - barriers('cuda', second=False),
+                     extra)
+    self.assertEqual(barriers('cpu'), barriers('cpu', second=False))
 
   @parameterized.product(
       make=(lambda **kw: optax_q.adamw(1e-3, **kw),
@@ -183,17 +186,20 @@ class ExportTest(parameterized.TestCase):
                 1e-4, mu_format=mu_format, **kw),
             lambda mu_format, nu_format, **kw: optax_q.sgd(
                 1e-2, momentum=0.9, mu_format=mu_format, **kw)),
-      fmt=('fp8_e4m3', 'fp8_e5m2', 'int8', 'int8_dynamic', 'int4'),
+      fmt=('fp8_e4m3', 'fp8_e5m2', 'int8', 'int8_dynamic', 'int4',
+           'fp8_e4m3_dre'),
       rounding=('nearest', 'stochastic'))
   def test_triton_kernel_for_gpu_where_it_lowers(self, make, fmt, rounding):
     # kernel='pallas' lowered for CUDA: a Triton kernel for the leaves
     # whose formats and rows it lowers (one-byte float and integer grids,
     # rows of a power of two), the XLA path for the others; never a failed
-    # export. The dynamic map's lookup and packed 4-bit codes take the XLA
-    # path, as does a row of 3072.
+    # export. The dynamic map's lookup, packed 4-bit codes and range
+    # expansion take the XLA path, as do a row of 3072 and a row shorter
+    # than a scale block.
     tx = make(mu_format=fmt, nu_format=fmt, rounding=rounding,
-              kernel='pallas')
-    params = {'w': jnp.ones((64, 1024)) * 0.1, 'odd': jnp.ones((8, 3072))}
+              kernel='pallas', min_size=0)
+    params = {'w': jnp.ones((64, 1024)) * 0.1, 'odd': jnp.ones((8, 3072)),
+              'narrow': jnp.ones((512, 64))}
     state = tx.init(params)
 
     def step(grads, state, params):
@@ -208,13 +214,16 @@ class ExportTest(parameterized.TestCase):
     self.assertEqual(kernels, int(fmt in ('fp8_e4m3', 'fp8_e5m2', 'int8')))
     self.assertEqual(_control_flow(module), [])
 
-  def test_fp8_kernel_lowers_for_tpu(self):
+  @parameterized.parameters('fp8_e4m3', 'int8')
+  def test_kernel_lowers_for_tpu(self, fmt):
     # kernel='pallas' is compiled where the step is lowered for TPU: Mosaic
-    # lowers the fp8 tile kernel from this CPU (the table formats' lookups
-    # and the packed 4-bit codes it refuses).
-    tx = optax_q.adamw(1e-3, mu_format='fp8_e4m3', nu_format='fp8_e4m3',
+    # lowers the tile kernel from this CPU for tiles in multiples of
+    # (8, 128) (the table formats' lookups and the packed 4-bit codes it
+    # refuses); tiles of 300 rows take the XLA path.
+    tx = optax_q.adamw(1e-3, mu_format=fmt, nu_format=fmt,
                        rounding='nearest', kernel='pallas')
-    params = {'w': jnp.ones((1024, 1024)) * 0.1}
+    params = {'w': jnp.ones((1024, 1024)) * 0.1,
+              'rows300': jnp.ones((600, 512)) * 0.1}
     state = tx.init(params)
 
     def step(grads, state, params):
@@ -223,7 +232,8 @@ class ExportTest(parameterized.TestCase):
 
     module = jax.export.export(jax.jit(step), platforms=('tpu',))(
         params, state, params).mlir_module()
-    self.assertIn('tpu_custom_call', module)
+    self.assertEqual(module.count('stablehlo.custom_call @tpu_custom_call'),
+                     1)
     self.assertEqual(_control_flow(module), [])
 
   def test_qat_and_ptq_steps_lower_for_gpu_and_tpu(self):

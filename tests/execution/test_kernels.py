@@ -76,10 +76,10 @@ def _uses_kernel(tx, params) -> bool:
 
 
 def _plan(kernel, track_stalls=False):
-  # A scaled one-byte state on a 4096 x 64 leaf in tiles of 4096 elements.
-  return tiling.plan((4096, 64), tile_size=4096, tileable=True, arrays=[],
+  # A scaled one-byte state on a 2048 x 128 leaf in tiles of 4096 elements.
+  return tiling.plan((2048, 128), tile_size=4096, tileable=True, arrays=[],
                      scaled=True, byte_codes=True, track_stalls=track_stalls,
-                     kernel=kernel)
+                     kernel=kernel, kernel_ready=True)
 
 
 class KernelMatchesLoopTest(parameterized.TestCase):
@@ -240,7 +240,7 @@ class KernelChoiceTest(absltest.TestCase):
       return tiling.for_gpu(tiling.plan(
           shape, tile_size=2**18, tileable=True, arrays=[], scaled=True,
           byte_codes=True, track_stalls=False, kernel=kernel,
-          triton_ready=ready, **kwargs))
+          kernel_ready=ready, **kwargs))
     # Programs of GPU_BLOCK elements of whole rows, compiled by Triton.
     p = gpu((1024, 1024))
     self.assertEqual((p.kernel, p.tiles, p.triton, p.interpret),
@@ -255,7 +255,7 @@ class KernelChoiceTest(absltest.TestCase):
     tpu = tiling.for_accelerators(tiling.plan(
         (1024, 1024), tile_size=2**18, tileable=True, arrays=[], scaled=True,
         byte_codes=True, track_stalls=False, kernel='pallas',
-        triton_ready=True))
+        kernel_ready=True))
     self.assertEqual((tpu.kernel, tpu.tiles, tpu.triton), ('pallas', 4, False))
 
   def test_stall_telemetry_keeps_the_loop(self):

@@ -29,6 +29,7 @@ from unittest import mock
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -238,6 +239,42 @@ class ApartTest(parameterized.TestCase):
       want, fused = _run(tx, params, steps=1), conds()
     jax.clear_caches()
     self.assertGreater(apart, fused)
+    bits = lambda x: np.asarray(x).reshape(-1).view(np.uint8)  # noqa: E731
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(bits(a), bits(b))
+
+
+class AcceleratorProgramTest(parameterized.TestCase):
+  """The step as lowered for a GPU or TPU (each `lax.platform_dependent`
+  taking its default branch: one fused call per parameter, the block
+  scales from a second evaluation of the new state), run here on CPU:
+  the bits of the CPU's own program."""
+
+  @parameterized.parameters(
+      ('fp8_e4m3', 'stochastic', 'block'),
+      ('int8', 'nearest', 'block'),
+      ({'mu': 'nf4', 'nu': 'ue4m0'}, 'stochastic', 'block_pow2'))
+  def test_same_bits_as_the_cpu_program(self, fmt, rounding, scale_mode):
+    tx = optax_q.quantize_state(
+        optax.scale_by_adam(), fmt, rounding=rounding, min_size=0,
+        elementwise=True, tile_size=4096, scale_mode=scale_mode,
+        track_stalls=False)
+    params = _params()
+    jax.clear_caches()
+    want = _run(tx, params, steps=2)
+    jax.clear_caches()
+    seen = []
+
+    def accelerated(*args, default=None, **branches):
+      seen.append((bool(args), sorted(branches)))
+      return default(*args)
+
+    with mock.patch.object(lax, 'platform_dependent', accelerated):
+      got = _run(tx, params, steps=2)
+    jax.clear_caches()
+    # The plans' choice, and the second evaluation's for the scales.
+    self.assertIn((False, ['cpu']), seen)
+    self.assertIn((True, ['cpu']), seen)
     bits = lambda x: np.asarray(x).reshape(-1).view(np.uint8)  # noqa: E731
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
       np.testing.assert_array_equal(bits(a), bits(b))

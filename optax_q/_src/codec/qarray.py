@@ -559,9 +559,12 @@ def encode(  # pylint: disable=too-many-branches
   values of those same layouts are taken from it, so that a compiler can
   reduce it to its block maxima without writing ``x`` to memory and compute
   ``x`` again where it is encoded. An element of ``x`` above its block's
-  target is clipped onto it, as a saturated scale's are. (Power-of-two
-  scales take their maxima from it too; range expansion, which reads every
-  element's exponent, and rank-1 maxima ignore it.)
+  target is clipped onto it, as a saturated scale's are. The two must agree
+  on which elements are infinite or NaN, as two evaluations of one
+  expression do unless a value lies within rounding of float32's largest
+  (where one may overflow and the other not). (Power-of-two scales take
+  their maxima from it too; range expansion, which reads every element's
+  exponent, and rank-1 maxima ignore it.)
   """
   sr_rows = dict(row_stride=row_stride, row_offset=row_offset)
   shape = tuple(x.shape)
@@ -711,8 +714,9 @@ def finite_maxima(x: jax.Array, is_inf: jax.Array, axis
   Non-finite values are replaced by zeros before the maximum (XLA's CPU
   maximum reduction drops NaNs from rows of 256 and more, vectorized, so a
   NaN must never reach it), and their kinds are found by reductions of
-  their own (boolean: a sharded bitwise-or reduction of integers is not
-  implemented on CPU). (One variadic reduction
+  their own (a float maximum of zeros and ones: a sharded bitwise-or
+  reduction of integers is not implemented on CPU, and Pallas' Triton
+  lowering has no boolean or-reduction). (One variadic reduction
   for both was faster on CPU, but it changed how the compiler fused the
   moment update ahead of it, and with that where it contracted a multiply
   and an add into a fused multiply-add: a sharded run's scales then
@@ -721,8 +725,10 @@ def finite_maxima(x: jax.Array, is_inf: jax.Array, axis
   is_nan = jnp.isnan(x)
   mag = jnp.where(is_nan | is_inf, jnp.float32(0), jnp.abs(x))
   top = jnp.max(mag, axis=axis, initial=0.0)
-  flag = lambda b: jnp.max(jnp.where(b, jnp.float32(1), jnp.float32(0)),  # noqa: E731
-                           axis=axis, initial=0.0) > 0
+
+  def flag(b):
+    return jnp.max(jnp.where(b, jnp.float32(1), jnp.float32(0)), axis=axis,
+                   initial=0.0) > 0
   return top, flag(is_inf), flag(is_nan)
 
 

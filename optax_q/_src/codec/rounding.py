@@ -121,9 +121,9 @@ def round_int(y: jax.Array, u: jax.Array | None) -> jax.Array:
     # values, with floor and compares only (Pallas' Triton lowering has no
     # rounding to nearest). At or above 2**23 every float32 is an integer.
     frac = y - low
-    odd = low - jnp.float32(2) * jnp.floor(low * jnp.float32(0.5)) == 1
+    odd = low - 2 * jnp.floor(low * 0.5) == 1
     r = jnp.where((frac > 0.5) | ((frac == 0.5) & odd), low + 1, low)
-    return jnp.where(r == 0, y * jnp.float32(0), r)  # -0.5 < y < 0: -0.0.
+    return jnp.where(r == 0, y * 0, r)  # -0.5 < y < 0 rounds to -0.0.
   return low + (u >= jnp.float32(1.0) - (y - low)).astype(y.dtype)
 
 

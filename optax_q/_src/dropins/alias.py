@@ -375,8 +375,10 @@ def adamw(
     kernel: How the moments of a large parameter (updated in tiles of rows)
       are made: ``'auto'`` (a Pallas kernel where its run is verified for
       the platform, none yet: XLA), ``'xla'`` or ``'pallas'`` (interpreted
-      on CPU, for tests; Triton on a GPU for the one-byte float and integer
-      grids; not with ``track_stalls``); see
+      on CPU, for tests; Triton on a GPU and Mosaic on a TPU for matrices
+      in one-byte float and integer grids, whose rows suit the blocks;
+      exported with ``jax.export.DisabledSafetyCheck.custom_call(
+      '__gpu$xla.gpu.triton')``; not with ``track_stalls``); see
       [`quantize_state`][optax_q.quantize_state].
     bits: Deprecated: compose [`adaptive_bits`][optax_q.adaptive_bits]
       instead (below). None (the moments in ``mu_format`` and

@@ -73,13 +73,11 @@ class Plan:
       core; see the performance page).
     kernel: ``'xla'`` (the loop) or ``'pallas'`` (one kernel).
     interpret: Whether the kernel runs interpreted (lowered for CPU).
-    recompute: Compute the new state a second time, apart, for the block
-      scales (the codec's ``scale_source``): the compiler then reduces that
-      copy to its block maxima without writing the new moments to memory,
-      and computes them again where it encodes them (GPU, TPU).
     gpu_tiles: Tiles of the kernel where the step is lowered for a GPU
       (`for_gpu`), each a Triton program of at most `GPU_BLOCK` elements;
       0 where the leaf takes the XLA path there.
+    tpu_kernel: Whether the kernel is compiled where the step is lowered
+      for a TPU (`for_accelerators`; else the XLA path there).
     triton: Whether the kernel is compiled by Pallas' Triton backend.
   """
 
@@ -89,8 +87,8 @@ class Plan:
   own_buffer: bool = False
   kernel: str = 'xla'
   interpret: bool = True
-  recompute: bool = False
   gpu_tiles: int = 0
+  tpu_kernel: bool = False
   triton: bool = False
 
 
@@ -130,13 +128,13 @@ def explicitly_sharded(x: Any) -> bool:
 
 def plan(shape: tuple[int, ...], *, tile_size: int | None, tileable: bool,
          arrays: list[Any], scaled: bool, byte_codes: bool,
-         track_stalls: bool, kernel: str, triton_ready: bool = False
+         track_stalls: bool, kernel: str, kernel_ready: bool = False
          ) -> Plan:
   """The plan of one parameter's update as lowered for CPU.
 
-  `per_platform` runs it for CPU and its `for_accelerators` twin for a GPU
-  or TPU: which one a step takes is decided by the platform the step is
-  lowered for, not by the machine that traces it.
+  `per_platform` runs it for CPU, its `for_gpu` twin for a GPU and its
+  `for_accelerators` twin for a TPU: which one a step takes is decided by
+  the platform the step is lowered for, not by the machine that traces it.
 
   Args:
     shape: The parameter's shape.
@@ -151,40 +149,42 @@ def plan(shape: tuple[int, ...], *, tile_size: int | None, tileable: bool,
     track_stalls: Whether unchanged codes are counted (the loop then keeps
       the old state; no kernel).
     kernel: ``'xla'``, ``'pallas'`` or ``'auto'`` (`kernels.KERNELS`).
-    triton_ready: Whether its stored formats' kernel lowers with Pallas'
-      Triton backend (one-byte codes of the float and integer grids, block
-      scales: checked by export in the tests).
+    kernel_ready: Whether its stored formats' kernel lowers with Pallas'
+      Triton and Mosaic TPU backends: one-byte codes of the float and
+      integer grids, block scales whose blocks divide the rows, no range
+      expansion, a matrix (checked by export in the tests).
   """
-  tiles, gpu_tiles = 1, 0
+  tiles, gpu_tiles, tpu_kernel = 1, 0, False
   if tileable and not any(explicitly_sharded(x) for x in arrays
                           if x is not None):
     tiles = num_tiles(shape, tile_size)
-    # Triton's blocks: whole rows of a power of two, GPU_BLOCK elements.
     rows, cols = shape if len(shape) == 2 else (0, 0)
+    asked = (kernel == 'pallas' and not track_stalls and kernel_ready
+             and tile_size is not None and rows > 0)
+    # Triton's blocks: whole rows of a power of two, GPU_BLOCK elements.
     per_program = max(1, GPU_BLOCK // max(cols, 1))
-    blocks = (0 < cols <= GPU_ROW_MAX and cols & (cols - 1) == 0
-              and rows % per_program == 0)
-    if kernel == 'pallas' and not track_stalls and triton_ready and blocks:
+    if (asked and 0 < cols <= GPU_ROW_MAX and cols & (cols - 1) == 0
+        and rows % per_program == 0 and rows > per_program):
       gpu_tiles = rows // per_program
+    # Mosaic's: the last two axes in multiples of (8, 128).
+    tpu_kernel = asked and tiles > 1 and (rows // tiles) % 8 == 0 and (
+        cols % 128 == 0)
   use_kernel = kernel == 'pallas' and not track_stalls and tiles > 1
   return Plan(tiles=tiles, apart=scaled, in_place=not track_stalls,
               own_buffer=byte_codes, kernel='pallas' if use_kernel else 'xla',
-              interpret=True, gpu_tiles=gpu_tiles)
+              interpret=True, gpu_tiles=gpu_tiles, tpu_kernel=tpu_kernel)
 
 
 def for_accelerators(p: Plan) -> Plan:
-  """``p`` as lowered for a TPU (and a GPU where `for_gpu` has no kernel).
+  """``p`` as lowered for a TPU (and any platform but CPU and CUDA).
 
   On the XLA path, no tiles: the compiler fuses a leaf's decode, inner
   update, block maxima and encode into a few kernels over the whole leaf,
   where a loop over tiles would launch them once per tile (on an H100, a
   302M-parameter tree in tiles of 2^18 elements ran at 4.7x the float32
-  step). No fusion device (it lowers to nothing there, `fusion.apart`);
-  instead a leaf with block scales computes its new state twice
-  (``recompute``): on an H100 the compiler otherwise wrote the new float32
-  moments to memory in the kernel that reduces them to their block maxima
-  and read them back to encode them, eight bytes per element each way. A
-  Pallas kernel asked for is compiled by Mosaic rather than interpreted.
+  step). A one-call plan is the CPU's own (the fusion device lowers to
+  nothing there, `fusion.apart`). A Pallas kernel asked for is compiled
+  by Mosaic where its formats and tiles lower for a TPU (``tpu_kernel``).
 
   Args:
     p: A plan of `plan` (for CPU).
@@ -192,18 +192,21 @@ def for_accelerators(p: Plan) -> Plan:
   Returns:
     The plan for a TPU.
   """
-  if p.kernel == 'pallas':
+  if p.kernel == 'pallas' and p.tpu_kernel:
     return dataclasses.replace(p, interpret=False)
   return _fused(p)
 
 
 def _fused(p: Plan) -> Plan:
+  """The XLA path of `for_accelerators`: one call per parameter."""
+  if p.tiles == 1 and p.kernel == 'xla':
+    return p
   return dataclasses.replace(p, tiles=1, apart=False, own_buffer=False,
-                             kernel='xla', recompute=p.apart)
+                             kernel='xla')
 
 
 def for_gpu(p: Plan) -> Plan:
-  """``p`` as lowered for a GPU.
+  """``p`` as lowered for a GPU (CUDA).
 
   Where the kernel was asked for and lowers with Triton (``gpu_tiles``),
   the kernel compiled by Triton, one program per `GPU_BLOCK` elements of
@@ -216,7 +219,7 @@ def for_gpu(p: Plan) -> Plan:
   Returns:
     The plan for a GPU.
   """
-  if p.gpu_tiles:
+  if p.gpu_tiles > 1:
     return dataclasses.replace(p, tiles=p.gpu_tiles, apart=False,
                                own_buffer=False, kernel='pallas',
                                interpret=False, triton=True)
@@ -225,7 +228,7 @@ def for_gpu(p: Plan) -> Plan:
 
 def per_platform(p: Plan, fn: Callable[[Plan], Any]) -> Any:
   """``fn(p)`` where the step is lowered for CPU, ``fn(for_gpu(p))`` for
-  CUDA and ``fn(for_accelerators(p))`` elsewhere.
+  CUDA, ``fn(for_accelerators(p))`` for TPU, and the XLA path elsewhere.
 
   Args:
     p: A plan of `plan` (for CPU).
@@ -233,17 +236,18 @@ def per_platform(p: Plan, fn: Callable[[Plan], Any]) -> Any:
 
   Returns:
     ``fn(p)`` itself where the plans are all the same; else
-    `lax.platform_dependent`'s choice (each distinct plan is traced, and
-    the lowering keeps the one of its platform).
+    `lax.platform_dependent`'s choice (each branch is traced, and the
+    lowering keeps the one of its platform).
   """
-  accelerated, gpu = for_accelerators(p), for_gpu(p)
-  if accelerated == p and gpu == p:
+  fused, gpu, tpu = _fused(p), for_gpu(p), for_accelerators(p)
+  if p == fused == gpu == tpu:
     return fn(p)
-  if gpu == accelerated:
-    return lax.platform_dependent(cpu=lambda: fn(p),
-                                  default=lambda: fn(accelerated))
-  return lax.platform_dependent(cpu=lambda: fn(p), cuda=lambda: fn(gpu),
-                                default=lambda: fn(accelerated))
+  branches = dict(cpu=lambda: fn(p), default=lambda: fn(fused))
+  if gpu != fused:
+    branches['cuda'] = lambda: fn(gpu)
+  if tpu != fused:
+    branches['tpu'] = lambda: fn(tpu)
+  return lax.platform_dependent(**branches)
 
 
 def computed(fn: Callable[[], Any], token: jax.Array | None):

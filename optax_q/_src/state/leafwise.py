@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 
 import jax
 from jax import lax
+from jax.extend import core as jax_core
 import jax.numpy as jnp
 
 from optax_q._src.codec import qarray as qarray_lib
@@ -259,9 +260,10 @@ def _plan_of(lay: Layout, j: int, tile_size: int | None, *,
       byte_codes=any(jnp.dtype(x.codes.dtype).itemsize == 1
                      for x in quantized),
       track_stalls=track_stalls, kernel=kernel,
-      triton_ready=bool(quantized) and all(
+      kernel_ready=bool(quantized) and lay.grads[j].ndim == 2 and all(
           x.fmt.kind in ('float', 'int') and not x.fmt.packed
-          and x.scale_mode in ('block', 'none')
+          and not x.fmt.expand and x.scale_mode == 'block'
+          and lay.grads[j].shape[-1] % x.block_size == 0
           and jnp.dtype(x.codes.dtype).itemsize == 1 for x in quantized))
 
 
@@ -355,8 +357,19 @@ def _param(run: _Run, lay: Layout, j: int, plan: tiling.Plan):
       run.roundings(entries), again=again)
   (u, shaped, rest), materialize = tiling.computed(call,
                                                    tiling.whole_token(plan))
-  sources = (call(again=True)[1] if plan.recompute
-             else [None] * len(shaped))
+  # Lowered for a GPU or TPU, the block scales are taken from a second
+  # evaluation (`qarray.encode`'s ``scale_source``): the compiler then
+  # reduces it without writing the new moments to memory (on an H100 it
+  # wrote them in float32 beside their block maxima, and read them back to
+  # encode them). On CPU, the values themselves; and where the inner update
+  # has effects (a callback), which must happen once.
+  sources = shaped
+  if any(map(_reads_scale_source, (x for _, x, _ in entries))):
+    second = jax.make_jaxpr(lambda: call(again=True)[1])()
+    if not second.effects:
+      sources = lax.platform_dependent(
+          shaped, cpu=lambda s: s,
+          default=lambda _: jax_core.jaxpr_as_fun(second)())
   new = []
   for (_, x, i), n, source in zip(entries, shaped, sources):
     if qarray_lib.is_qarray(x):
@@ -366,6 +379,12 @@ def _param(run: _Run, lay: Layout, j: int, plan: tiling.Plan):
         stalled[i] = stall(x, n)
     new.append(n)
   return (u, new, rest), stalled
+
+
+def _reads_scale_source(x) -> bool:
+  """Whether encoding ``x``'s new value reads a second evaluation."""
+  return (qarray_lib.is_qarray(x) and not x.fmt.expand
+          and x.scale_mode in ('block', 'block_pow2', 'row', 'tensor'))
 
 
 def _reassemble(lay: Layout, results: dict[int, tuple[Any, list, list]]):

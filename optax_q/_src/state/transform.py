@@ -674,15 +674,19 @@ def quantize_state(
     kernel: With ``elementwise``, how a tiled parameter's new state is
       made: ``'xla'``, a loop over its tiles that the compiler fuses;
       ``'pallas'``, one Pallas kernel per parameter that decodes, updates,
-      takes the block maxima and encodes each tile in one pass (on a GPU,
-      Triton programs of a few thousand elements, for the one-byte float
-      and integer grids with block scales and rows of a power of two, the
-      XLA path for the others; Mosaic on TPU; interpreted where the step is
+      takes the block maxima and encodes each tile in one pass (for
+      matrices whose formats are one-byte float or integer grids with
+      block scales that divide the rows, without range expansion: on a
+      GPU, Triton programs of 4096 elements of whole rows, rows of a power
+      of two; on a TPU, Mosaic, tiles of rows in multiples of (8, 128);
+      the XLA path for the other leaves; interpreted where the step is
       lowered for CPU, for tests; not with ``track_stalls``); ``'auto'``
       (default), the kernel on a platform where its run is verified (none
-      yet: the XLA path everywhere). Lowered for a GPU or TPU, the XLA path updates
-      each parameter in one fused call, without tiles (the platform the
-      step is lowered for decides, not the machine that traces it).
+      yet: the XLA path everywhere). Lowered for a GPU or TPU, the XLA
+      path updates each parameter in one fused call, without tiles (the
+      platform the step is lowered for decides, not the machine that
+      traces it), taking the block scales from a second evaluation of the
+      new state (`encode`'s ``scale_source``).
       Interpreted, the kernel's codes are the loop's bit for bit (tested;
       the performance page says where it lowers). A module exported for
       more than one platform at once cannot hold the compiled kernel, and
