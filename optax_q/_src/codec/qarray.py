@@ -714,9 +714,8 @@ def finite_maxima(x: jax.Array, is_inf: jax.Array, axis
   Non-finite values are replaced by zeros before the maximum (XLA's CPU
   maximum reduction drops NaNs from rows of 256 and more, vectorized, so a
   NaN must never reach it), and their kinds are found by reductions of
-  their own (a float maximum of zeros and ones: a sharded bitwise-or
-  reduction of integers is not implemented on CPU, and Pallas' Triton
-  lowering has no boolean or-reduction). (One variadic reduction
+  their own (boolean: a sharded bitwise-or reduction of integers is not
+  implemented on CPU). (One variadic reduction
   for both was faster on CPU, but it changed how the compiler fused the
   moment update ahead of it, and with that where it contracted a multiply
   and an add into a fused multiply-add: a sharded run's scales then
@@ -725,11 +724,7 @@ def finite_maxima(x: jax.Array, is_inf: jax.Array, axis
   is_nan = jnp.isnan(x)
   mag = jnp.where(is_nan | is_inf, jnp.float32(0), jnp.abs(x))
   top = jnp.max(mag, axis=axis, initial=0.0)
-
-  def flag(b):
-    return jnp.max(jnp.where(b, jnp.float32(1), jnp.float32(0)), axis=axis,
-                   initial=0.0) > 0
-  return top, flag(is_inf), flag(is_nan)
+  return top, jnp.any(is_inf, axis=axis), jnp.any(is_nan, axis=axis)
 
 
 # A NaN block's scale (`box_scale`): a quiet NaN (exponent all ones, bit 22)

@@ -115,15 +115,9 @@ def round_int(y: jax.Array, u: jax.Array | None) -> jax.Array:
   (a value already on the grid) would go up whenever ``u`` is within half a
   step of ``y`` below one, which from ``2**21`` on is one draw in eight.
   """
-  low = jnp.floor(y)
   if u is None:
-    # Half to even from the floor and the (exact) fraction: ``jnp.round``'s
-    # values, with floor and compares only (Pallas' Triton lowering has no
-    # rounding to nearest). At or above 2**23 every float32 is an integer.
-    frac = y - low
-    odd = low - 2 * jnp.floor(low * 0.5) == 1
-    r = jnp.where((frac > 0.5) | ((frac == 0.5) & odd), low + 1, low)
-    return jnp.where(r == 0, y * 0, r)  # -0.5 < y < 0 rounds to -0.0.
+    return jnp.round(y)
+  low = jnp.floor(y)
   return low + (u >= jnp.float32(1.0) - (y - low)).astype(y.dtype)
 
 

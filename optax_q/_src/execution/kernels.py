@@ -44,9 +44,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 from jax.extend import core as jax_core
+from jax.extend.core import primitives
 import jax.numpy as jnp
 
 KERNELS = ('auto', 'xla', 'pallas')
@@ -55,6 +57,57 @@ KERNELS = ('auto', 'xla', 'pallas')
 is lowered for CPU, for tests; by Triton on a GPU where it lowers, else the
 XLA path there; by Mosaic on a TPU) and ``'auto'`` (the kernel where its
 run is verified for the platform: at present none, so XLA)."""
+
+
+def _round_half_even(y, *, rounding_method):
+  """``lax.round`` to nearest even from the floor and the (exact) fraction,
+  the same bits; at or above 2**23 every float32 is an integer."""
+  if rounding_method != lax.RoundingMethod.TO_NEAREST_EVEN:
+    return lax.round(y, rounding_method)
+  low = jnp.floor(y)
+  frac = y - low
+  odd = low - 2 * jnp.floor(low * 0.5) == 1
+  r = jnp.where((frac > 0.5) | ((frac == 0.5) & odd), low + 1, low)
+  return jnp.where(r == 0, y * 0, r)  # -0.5 < y < 0 rounds to -0.0.
+
+
+def _any(x, *, axes):
+  """``reduce_or`` as a maximum of zeros and ones."""
+  return jnp.max(jnp.where(x, jnp.float32(1), jnp.float32(0)), axis=axes,
+                 initial=0.0) > 0
+
+
+# The operations Pallas' Triton lowering lacks, written with ones it has.
+_TRITON_OPS = {primitives.round_p: _round_half_even,
+               primitives.reduce_or_p: _any}
+
+
+def _with_triton_ops(jaxpr, consts, *args) -> list[Any]:
+  """Evaluates ``jaxpr`` with `_TRITON_OPS` in place of those operations
+  (inside nested calls too): the kernel body's, so that the codecs keep
+  their own operations everywhere else. The bits are the same (the kernel
+  tests compare them, interpreted, with the XLA loop's)."""
+  env = {}
+  read = lambda v: v.val if isinstance(v, jax_core.Literal) else env[v]  # noqa: E731
+  env.update(zip(jaxpr.constvars, consts))
+  env.update(zip(jaxpr.invars, args))
+  for eqn in jaxpr.eqns:
+    ins = [read(v) for v in eqn.invars]
+    if eqn.primitive in _TRITON_OPS:
+      outs = _TRITON_OPS[eqn.primitive](*ins, **eqn.params)
+    elif eqn.primitive in (primitives.jit_p, primitives.closed_call_p):
+      inner = eqn.params.get('jaxpr') or eqn.params['call_jaxpr']
+      outs = _with_triton_ops(inner.jaxpr, inner.consts, *ins)
+    else:
+      params = eqn.primitive.get_bind_params(eqn.params)
+      # (Older Jax returns the nested functions first.)
+      subfuns, params = params if isinstance(params, tuple) else ((), params)
+      with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*subfuns, *ins, **params)
+    outs = outs if eqn.primitive.multiple_results or isinstance(
+        outs, (list, tuple)) else [outs]
+    env.update(zip(eqn.outvars, outs))
+  return [read(v) for v in jaxpr.outvars]
 
 
 def _spec(x: jax.Array, tiles: int, tiled: bool) -> pl.BlockSpec:
@@ -127,8 +180,8 @@ def tile_map(
     loaded = [r[...] for r in refs[:n_in]]
     consts = [c.reshape(shape) for c, shape in
               zip(loaded[n_t + n_s:], const_shapes)]
-    new = jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(closed.jaxpr, consts))(
-        pl.program_id(0), *loaded[:n_t + n_s])
+    new = _with_triton_ops(closed.jaxpr, consts, pl.program_id(0),
+                           *loaded[:n_t + n_s])
     for ref, value in zip(refs[n_in:], new):
       ref[...] = value.astype(ref.dtype)
 
