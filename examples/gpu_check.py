@@ -20,11 +20,14 @@ without installing (the machine needs jax with CUDA, optax and ml_dtypes)::
 
 It does two things, in at most a few minutes on one GPU:
 
-1. **Codes.** For 8-bit and 4-bit formats and both roundings, five AdamW
-   steps on a tiled 1024 x 1024 leaf with ``kernel='xla'`` and with
-   ``kernel='pallas'``, fed the same gradients; it counts the state elements
-   that differ (a compiled kernel may form fused multiply-adds where XLA
-   does not, which moves a last bit) or records why the kernel did not run.
+1. **Codes.** For the formats whose kernel Triton lowers (fp8 e4m3 and
+   e5m2, int8) and one it does not (the dynamic map, which takes the XLA
+   path), both roundings, five AdamW steps on a 1024 x 1024 leaf with
+   ``kernel='xla'`` and with ``kernel='pallas'``, fed the same gradients;
+   it records whether the compiled step holds the Triton kernel, counts
+   the state elements that differ (a compiled kernel may form fused
+   multiply-adds where XLA does not, which moves a last bit) or records
+   why the kernel did not run.
 2. **Speed.** `bench_step.py` on the GPU tree (width 1024, 24 layers, about
    302M parameters): ``optax.adamw`` in float32 and with a bfloat16 first
    moment, optax_q's XLA and kernel paths for 8-bit and 4-bit states, and a

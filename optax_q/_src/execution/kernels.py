@@ -46,7 +46,6 @@ from typing import Any
 import jax
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pl_triton
 from jax.extend import core as jax_core
 from jax.extend.core import primitives
 import jax.numpy as jnp
@@ -108,6 +107,13 @@ def _with_triton_ops(jaxpr, consts, *args) -> list[Any]:
         outs, (list, tuple)) else [outs]
     env.update(zip(eqn.outvars, outs))
   return [read(v) for v in jaxpr.outvars]
+
+
+def _triton_params():
+  """Pallas' Triton backend, four warps per program (imported here: only
+  a step lowered for a GPU with ``kernel='pallas'`` needs it)."""
+  from jax.experimental.pallas import triton as pl_triton  # pylint: disable=g-import-not-at-top
+  return pl_triton.CompilerParams(num_warps=4, num_stages=1)
 
 
 def _spec(x: jax.Array, tiles: int, tiled: bool) -> pl.BlockSpec:
@@ -197,6 +203,5 @@ def tile_map(
       out_specs=[_spec(x, tiles, True) for x in c_leaves],
       input_output_aliases={i: i for i in range(n_c)},
       interpret=interpret_mode, name='optax_q_tile_update',
-      compiler_params=(pl_triton.CompilerParams(num_warps=4, num_stages=1)
-                       if triton else None))(*tiled, *whole)
+      compiler_params=_triton_params() if triton else None)(*tiled, *whole)
   return c_def.unflatten(new)
