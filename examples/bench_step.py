@@ -115,6 +115,7 @@ class Row:
     self.times: list[float] = []
     self.temp_bytes: int | None = None  # The compiled step's temporaries.
     self.setup_s: float | None = None  # Tracing, compiling, the state's init.
+    self.program: Callable[[], str] | None = None  # Its compiled text.
 
 
 # --------------------------------------------------------------------------
@@ -131,8 +132,7 @@ def jax_row(name, tx, params_np, grads, param_elements) -> Row:
     return optax.apply_updates(params, updates), state
 
   step = jax.jit(step_fn, donate_argnums=(0, 1))
-  temp_bytes = step.lower(params, state, grads).compile().memory_analysis(
-  ).temp_size_in_bytes
+  compiled = step.lower(params, state, grads).compile()
   holder = {'params': params, 'state': state}
   state_bytes = optax_q.state_nbytes(state)
   bits = optax_q.state_bits_per_element(state)
@@ -144,7 +144,8 @@ def jax_row(name, tx, params_np, grads, param_elements) -> Row:
 
   row = Row(name, run, state_bytes, 2 * param_elements, param_elements,
             bits_per_element=bits)
-  row.temp_bytes = int(temp_bytes)
+  row.temp_bytes = int(compiled.memory_analysis().temp_size_in_bytes)
+  row.program = compiled.as_text
   return row
 
 

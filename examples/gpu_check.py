@@ -67,7 +67,6 @@ import traceback
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import optax_q
 
@@ -145,32 +144,20 @@ def compare_codes(mu: str, nu: str, rounding: str, steps: int = 5,
 
 def profile_row(name: str, tx, shapes, steps: int = 5) -> dict:
   """Where one row's step time goes on this machine's first GPU."""
-  params = jax.tree.map(jnp.asarray, bench_step.host_arrays(shapes, 0))
-  grads = jax.tree.map(jnp.asarray, bench_step.host_arrays(shapes, 1))
-  state = tx.init(params)
-
-  def step_fn(p, s, g):
-    u, s = tx.update(g, s, p)
-    return optax.apply_updates(p, u), s
-
   t0 = time.perf_counter()
-  step = jax.jit(step_fn, donate_argnums=(0, 1))
-  hlo = step.lower(params, state, grads).compile().as_text()
+  row = bench_step.jax_row(
+      name, tx, bench_step.host_arrays(shapes, 0),
+      jax.tree.map(jnp.asarray, bench_step.host_arrays(shapes, 1)),
+      sum(int(np.prod(s)) for s in shapes.values()))
   compile_s = time.perf_counter() - t0
+  hlo = row.program()
   for _ in range(3):
-    params, state = step(params, state, grads)
-  jax.block_until_ready((params, state))
-  times = []
-  for _ in range(10):
-    t = time.perf_counter()
-    params, state = step(params, state, grads)
-    jax.block_until_ready((params, state))
-    times.append(time.perf_counter() - t)
+    row.step()
+  bench_step.measure([row], rounds=1, steps=10)
   trace_dir = tempfile.mkdtemp()
   jax.profiler.start_trace(trace_dir)
   for _ in range(steps):
-    params, state = step(params, state, grads)
-  jax.block_until_ready((params, state))
+    row.step()
   jax.profiler.stop_trace()
   kernels = collections.defaultdict(lambda: [0.0, 0])
   for path in glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'),
@@ -198,7 +185,7 @@ def profile_row(name: str, tx, shapes, steps: int = 5) -> dict:
   longest = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:8]
   return dict(
       row=name, compile_seconds=round(compile_s, 1),
-      step_ms_median=round(float(np.median(times)) * 1e3, 3),
+      step_ms_median=round(float(np.median(row.times)) * 1e3, 3),
       kernel_ms_per_step=round(sum(v[0] for v in kernels.values()) / 1e3, 3),
       kernels_per_step=round(sum(v[1] for v in kernels.values()), 1),
       fusions_in_program=entry.count(' fusion('),

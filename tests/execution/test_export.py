@@ -35,7 +35,9 @@ from flax import linen as nn
 import optax
 import optax_q
 from optax_q import quant
-from optax_q._src.state import leafwise
+from optax_q._src.codec import qarray as qarray_lib
+
+import helpers
 
 PLATFORMS = ('cuda', 'tpu')
 
@@ -117,9 +119,7 @@ class ExportTest(parameterized.TestCase):
     params = _params()
     state = tx.init(params)
 
-    def step(grads, state, params):
-      updates, state = tx.update(grads, state, params)
-      return optax.apply_updates(params, updates), state
+    step = helpers.step_fn(tx)
 
     exported = _export(step, params, state, params)
     self.assertEqual(exported.platforms, PLATFORMS)
@@ -133,9 +133,7 @@ class ExportTest(parameterized.TestCase):
     params = {'w': jnp.ones((512, 1024)) * 0.1, 'b': jnp.ones((256,))}
     state = tx.init(params)
 
-    def step(grads, state, params):
-      updates, state = tx.update(grads, state, params)
-      return optax.apply_updates(params, updates), state
+    step = helpers.step_fn(tx)
 
     cpu = jax.jit(step).lower(params, state, params).as_text()
     self.assertNotEmpty(_control_flow(cpu))  # The CPU's loop is there.
@@ -162,15 +160,13 @@ class ExportTest(parameterized.TestCase):
     params = {'w': jnp.ones((128, 256)) * 0.1}
     state = tx.init(params)
 
-    def step(grads, state, params):
-      updates, state = tx.update(grads, state, params)
-      return optax.apply_updates(params, updates), state
+    step = helpers.step_fn(tx)
 
     def barriers(platform, second=True):
       jax.clear_caches()
-      with mock.patch.object(leafwise, '_reads_scale_source',
-                             leafwise._reads_scale_source if second  # pylint: disable=protected-access
-                             else lambda x: False):
+      reads = (qarray_lib.reads_scale_source if second
+               else lambda fmt, scale_mode: False)
+      with mock.patch.object(qarray_lib, 'reads_scale_source', reads):
         module = jax.export.export(jax.jit(step), platforms=(platform,))(
             params, state, params).mlir_module()
       return module.count('stablehlo.optimization_barrier')
@@ -202,9 +198,7 @@ class ExportTest(parameterized.TestCase):
               'narrow': jnp.ones((512, 64))}
     state = tx.init(params)
 
-    def step(grads, state, params):
-      updates, state = tx.update(grads, state, params)
-      return optax.apply_updates(params, updates), state
+    step = helpers.step_fn(tx)
 
     module = jax.export.export(
         jax.jit(step), platforms=('cuda',),
@@ -226,9 +220,7 @@ class ExportTest(parameterized.TestCase):
               'rows300': jnp.ones((600, 512)) * 0.1}
     state = tx.init(params)
 
-    def step(grads, state, params):
-      updates, state = tx.update(grads, state, params)
-      return optax.apply_updates(params, updates), state
+    step = helpers.step_fn(tx)
 
     module = jax.export.export(jax.jit(step), platforms=('tpu',))(
         params, state, params).mlir_module()

@@ -107,32 +107,26 @@ class KernelMatchesLoopTest(parameterized.TestCase):
   def test_gpu_plan_interpreted_matches_the_loop(self, fmt, rounding):
     # The GPU's kernel plan (blocks of whole rows, GPU_BLOCK elements),
     # interpreted here, gives the codes of the XLA loop bit for bit.
-    params = {'w': jax.random.normal(jax.random.key(5), (32, 1024)) * 0.1,
+    # (A block holding an infinity and a huge value, from `_grads`.)
+    params = {'big': jax.random.normal(jax.random.key(5), (32, 1024)) * 0.1,
               'b': jax.random.normal(jax.random.key(6), (200,))}
-    grads = lambda i: jax.tree.map(  # noqa: E731
-        lambda x: jnp.sin(x * (i + 1)) * 0.01, params)
     tx = optax_q.adamw(1e-2, mu_format=fmt, nu_format=fmt,
                        rounding=rounding, min_size=0, kernel='pallas')
-
-    def run():
-      jax.clear_caches()
-      p, state = params, tx.init(params)
-      for i in range(3):
-        u, state = jax.jit(tx.update)(grads(i), state, p)
-        p = optax.apply_updates(p, u)
-      return p, state
-
     plans = []
-    gpu_interpreted = lambda p, fn: fn(plans.append(  # noqa: E731
-        tiling.for_gpu(p)) or dataclasses.replace(
-            tiling.for_gpu(p), interpret=True, triton=False))
+
+    def gpu_interpreted(p, fn):
+      plans.append(tiling.for_gpu(p))
+      return fn(dataclasses.replace(plans[-1], interpret=True, triton=False))
+
+    jax.clear_caches()
     with mock.patch.object(tiling, 'per_platform', gpu_interpreted):
-      got = run()
+      got = _run(tx, params, steps=3)
     self.assertIn(('pallas', 8), [(q.kernel, q.tiles) for q in plans])
+    jax.clear_caches()
     with mock.patch.object(tiling, 'per_platform',
                            lambda p, fn: fn(dataclasses.replace(
                                p, kernel='xla'))):
-      want = run()
+      want = _run(tx, params, steps=3)
     helpers.assert_trees_equal(got, want)
 
   def _check_adam(self, fmt, rounding):
@@ -226,12 +220,12 @@ class KernelChoiceTest(absltest.TestCase):
     for kernel in ('auto', 'xla'):
       p = _plan(kernel)
       self.assertEqual((p.kernel, p.tiles), ('xla', 64))
-      self.assertEqual(tiling.for_accelerators(p).tiles, 1)
+      self.assertEqual(tiling.for_tpu(p).tiles, 1)
 
   def test_pallas_is_interpreted_for_cpu_compiled_elsewhere(self):
     p = _plan('pallas')
     self.assertEqual((p.kernel, p.interpret), ('pallas', True))
-    accelerated = tiling.for_accelerators(p)
+    accelerated = tiling.for_tpu(p)
     self.assertEqual((accelerated.kernel, accelerated.interpret,
                       accelerated.tiles), ('pallas', False, 64))
 
@@ -252,7 +246,7 @@ class KernelChoiceTest(absltest.TestCase):
               gpu((1024, 1024), kernel='auto'), gpu((16, 4, 1024))):
       self.assertEqual((q.kernel, q.tiles, q.triton), ('xla', 1, False))
     # A TPU keeps the CPU's tiles, compiled by Mosaic.
-    tpu = tiling.for_accelerators(tiling.plan(
+    tpu = tiling.for_tpu(tiling.plan(
         (1024, 1024), tile_size=2**18, tileable=True, arrays=[], scaled=True,
         byte_codes=True, track_stalls=False, kernel='pallas',
         kernel_ready=True))

@@ -234,7 +234,7 @@ class ApartTest(parameterized.TestCase):
     # The plan a GPU or TPU lowering takes (no tiles), without the fusion
     # device (which lowers to nothing there), run here on CPU.
     with mock.patch.object(tiling, 'per_platform', lambda p, fn: fn(
-        dataclasses.replace(tiling.for_accelerators(p), apart=False,
+        dataclasses.replace(tiling.fused(p), apart=False,
                             own_buffer=False))):
       want, fused = _run(tx, params, steps=1), conds()
     jax.clear_caches()

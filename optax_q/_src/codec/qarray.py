@@ -562,9 +562,8 @@ def encode(  # pylint: disable=too-many-branches
   target is clipped onto it, as a saturated scale's are. The two must agree
   on which elements are infinite or NaN, as two evaluations of one
   expression do unless a value lies within rounding of float32's largest
-  (where one may overflow and the other not). (Power-of-two scales take
-  their maxima from it too; range expansion, which reads every element's
-  exponent, and rank-1 maxima ignore it.)
+  (where one may overflow and the other not). Layouts that take no maxima
+  from it ignore it (`reads_scale_source`).
   """
   sr_rows = dict(row_stride=row_stride, row_offset=row_offset)
   shape = tuple(x.shape)
@@ -612,16 +611,14 @@ def encode(  # pylint: disable=too-many-branches
          else rounding_lib.uniform(key, xb.shape, **sr_rows))
     nan_code = None
     inverse_scale = None
-
-    def maxima():  # Per block: from ``scale_source`` where given.
-      if scale_source is None:
-        return finite_maxima(xb, is_inf, axis=-1)
+    # The values the block maxima are taken from (`reads_scale_source`).
+    sb, sb_inf = xb, is_inf
+    if scale_source is not None and reads_scale_source(fmt, scale_mode):
       sb = _blocked(jnp.asarray(scale_source, jnp.float32).reshape(xf.shape),
                     scale_mode, block_size)
-      return finite_maxima(sb, jnp.isinf(sb), axis=-1)
+      sb_inf = jnp.isinf(sb)
     if scale_mode == 'block_pow2' or fmt.expand:
-      absmax, has_inf, has_nan = (maxima() if not fmt.expand
-                                  else finite_maxima(xb, is_inf, axis=-1))
+      absmax, has_inf, has_nan = finite_maxima(sb, sb_inf, axis=-1)
       target, inverse = block_targets(fmt, has_inf)
       if scale_mode == 'block_pow2':
         stored = pow2_scale(absmax, target, has_inf | has_nan)
@@ -639,7 +636,7 @@ def encode(  # pylint: disable=too-many-branches
         stored = jnp.where(has_inf, -stored, stored)
     else:
       def per_block():
-        absmax, has_inf, has_nan = maxima()
+        absmax, has_inf, has_nan = finite_maxima(sb, sb_inf, axis=-1)
         target, inverse = block_targets(fmt, has_inf | has_nan)
         scale, stored = box_scale(block_scale(absmax, target, inverse),
                                   has_nan)
@@ -671,6 +668,13 @@ def encode(  # pylint: disable=too-many-branches
       scale = scale.reshape(())
   return QArray(codes, scale, fmt, shape, dtype, scale_mode,
                 block_size if scale_mode in BLOCK_MODES else 0)
+
+
+def reads_scale_source(fmt: Format, scale_mode: str) -> bool:
+  """Whether `encode` takes the block maxima of this layout from its
+  ``scale_source``: every layout of scales but rank-1 maxima and range
+  expansion (which reads each element's own exponent)."""
+  return scale_mode not in ('none', 'rank1') and not fmt.expand
 
 
 def _mark_infinities(y: jax.Array, x: jax.Array, fmt: Format) -> jax.Array:

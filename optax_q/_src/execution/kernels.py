@@ -58,6 +58,20 @@ XLA path there; by Mosaic on a TPU) and ``'auto'`` (the kernel where its
 run is verified for the platform: at present none, so XLA)."""
 
 
+def compiles(stored: list[Any], shape: tuple[int, ...]) -> bool:
+  """Whether the tile kernel of a leaf of ``shape`` holding ``stored``
+  (`QArray` leaves) lowers with Triton and Mosaic TPU: a matrix, one-byte
+  codes of the float and integer grids, block scales whose blocks divide
+  its rows, no range expansion (checked by export in the tests; the
+  dynamic map's lookup and packed 4-bit codes they refuse). The tiles'
+  own shapes are `tiling.plan`'s to check."""
+  return bool(stored) and len(shape) == 2 and all(
+      x.fmt.kind in ('float', 'int') and not x.fmt.packed
+      and not x.fmt.expand and x.scale_mode == 'block'
+      and shape[-1] % x.block_size == 0
+      and jnp.dtype(x.codes.dtype).itemsize == 1 for x in stored)
+
+
 def _round_half_even(y, *, rounding_method):
   """``lax.round`` to nearest even from the floor and the (exact) fraction,
   the same bits; at or above 2**23 every float32 is an integer."""

@@ -22,8 +22,8 @@ decode its stored state, run the inner update, encode. This module says
   moments and the block scales into buffers of their own; whether a tiled
   leaf's tiles run as a loop or as one Pallas kernel. That is the plan
   for CPU; `for_gpu` gives a GPU's (one fused call, or the kernel compiled
-  by Triton in programs of `GPU_BLOCK` elements) and `for_accelerators` a
-  TPU's (one fused call, or the kernel compiled by Mosaic), and
+  by Triton in programs of `GPU_BLOCK` elements) and `for_tpu` a TPU's
+  (one fused call, `fused`, or the kernel compiled by Mosaic), and
   `per_platform` runs the one of the platform the step is lowered for
   (the fusion device decides by itself, `fusion.apart`).
 - `computed`: a value computed as the plan asks, with the ``materialize``
@@ -77,7 +77,7 @@ class Plan:
       (`for_gpu`), each a Triton program of at most `GPU_BLOCK` elements;
       0 where the leaf takes the XLA path there.
     tpu_kernel: Whether the kernel is compiled where the step is lowered
-      for a TPU (`for_accelerators`; else the XLA path there).
+      for a TPU (`for_tpu`; else the XLA path there).
     triton: Whether the kernel is compiled by Pallas' Triton backend.
   """
 
@@ -133,7 +133,7 @@ def plan(shape: tuple[int, ...], *, tile_size: int | None, tileable: bool,
   """The plan of one parameter's update as lowered for CPU.
 
   `per_platform` runs it for CPU, its `for_gpu` twin for a GPU and its
-  `for_accelerators` twin for a TPU: which one a step takes is decided by
+  `for_tpu` twin for a TPU: which one a step takes is decided by
   the platform the step is lowered for, not by the machine that traces it.
 
   Args:
@@ -149,10 +149,8 @@ def plan(shape: tuple[int, ...], *, tile_size: int | None, tileable: bool,
     track_stalls: Whether unchanged codes are counted (the loop then keeps
       the old state; no kernel).
     kernel: ``'xla'``, ``'pallas'`` or ``'auto'`` (`kernels.KERNELS`).
-    kernel_ready: Whether its stored formats' kernel lowers with Pallas'
-      Triton and Mosaic TPU backends: one-byte codes of the float and
-      integer grids, block scales whose blocks divide the rows, no range
-      expansion, a matrix (checked by export in the tests).
+    kernel_ready: Whether its stored state's kernel lowers with Pallas'
+      Triton and Mosaic TPU backends (`kernels.compiles`).
   """
   tiles, gpu_tiles, tpu_kernel = 1, 0, False
   if tileable and not any(explicitly_sharded(x) for x in arrays
@@ -175,34 +173,29 @@ def plan(shape: tuple[int, ...], *, tile_size: int | None, tileable: bool,
               interpret=True, gpu_tiles=gpu_tiles, tpu_kernel=tpu_kernel)
 
 
-def for_accelerators(p: Plan) -> Plan:
-  """``p`` as lowered for a TPU (and any platform but CPU and CUDA).
+def fused(p: Plan) -> Plan:
+  """``p`` on the XLA path as lowered for a GPU or TPU: one call per
+  parameter.
 
-  On the XLA path, no tiles: the compiler fuses a leaf's decode, inner
-  update, block maxima and encode into a few kernels over the whole leaf,
-  where a loop over tiles would launch them once per tile (on an H100, a
-  302M-parameter tree in tiles of 2^18 elements ran at 4.7x the float32
-  step). A one-call plan is the CPU's own (the fusion device lowers to
-  nothing there, `fusion.apart`). A Pallas kernel asked for is compiled
-  by Mosaic where its formats and tiles lower for a TPU (``tpu_kernel``).
-
-  Args:
-    p: A plan of `plan` (for CPU).
-
-  Returns:
-    The plan for a TPU.
+  No tiles: the compiler fuses a leaf's decode, inner update, block maxima
+  and encode into a few kernels over the whole leaf, where a loop over
+  tiles would launch them once per tile (on an H100, a 302M-parameter tree
+  in tiles of 2^18 elements ran at 4.7x the float32 step). A one-call plan
+  is the CPU's own (the fusion device lowers to nothing there,
+  `fusion.apart`).
   """
-  if p.kernel == 'pallas' and p.tpu_kernel:
-    return dataclasses.replace(p, interpret=False)
-  return _fused(p)
-
-
-def _fused(p: Plan) -> Plan:
-  """The XLA path of `for_accelerators`: one call per parameter."""
   if p.tiles == 1 and p.kernel == 'xla':
     return p
   return dataclasses.replace(p, tiles=1, apart=False, own_buffer=False,
                              kernel='xla')
+
+
+def for_tpu(p: Plan) -> Plan:
+  """``p`` as lowered for a TPU: the kernel asked for, compiled by Mosaic
+  where its formats and tiles lower (``tpu_kernel``), else `fused`."""
+  if p.kernel == 'pallas' and p.tpu_kernel:
+    return dataclasses.replace(p, interpret=False)
+  return fused(p)
 
 
 def for_gpu(p: Plan) -> Plan:
@@ -210,8 +203,8 @@ def for_gpu(p: Plan) -> Plan:
 
   Where the kernel was asked for and lowers with Triton (``gpu_tiles``),
   the kernel compiled by Triton, one program per `GPU_BLOCK` elements of
-  whole rows; elsewhere the XLA path of `for_accelerators` (a kernel that
-  Triton does not lower, or whose blocks it would refuse, is not tried).
+  whole rows; elsewhere `fused` (a kernel that Triton does not lower, or
+  whose blocks it would refuse, is not tried).
 
   Args:
     p: A plan of `plan` (for CPU).
@@ -223,12 +216,12 @@ def for_gpu(p: Plan) -> Plan:
     return dataclasses.replace(p, tiles=p.gpu_tiles, apart=False,
                                own_buffer=False, kernel='pallas',
                                interpret=False, triton=True)
-  return _fused(p)
+  return fused(p)
 
 
 def per_platform(p: Plan, fn: Callable[[Plan], Any]) -> Any:
   """``fn(p)`` where the step is lowered for CPU, ``fn(for_gpu(p))`` for
-  CUDA, ``fn(for_accelerators(p))`` for TPU, and the XLA path elsewhere.
+  CUDA, ``fn(for_tpu(p))`` for TPU, and ``fn(fused(p))`` elsewhere.
 
   Args:
     p: A plan of `plan` (for CPU).
@@ -239,13 +232,13 @@ def per_platform(p: Plan, fn: Callable[[Plan], Any]) -> Any:
     `lax.platform_dependent`'s choice (each branch is traced, and the
     lowering keeps the one of its platform).
   """
-  fused, gpu, tpu = _fused(p), for_gpu(p), for_accelerators(p)
-  if p == fused == gpu == tpu:
+  xla, gpu, tpu = fused(p), for_gpu(p), for_tpu(p)
+  if p == xla == gpu == tpu:
     return fn(p)
-  branches = dict(cpu=lambda: fn(p), default=lambda: fn(fused))
-  if gpu != fused:
+  branches = dict(cpu=lambda: fn(p), default=lambda: fn(xla))
+  if gpu != xla:
     branches['cuda'] = lambda: fn(gpu)
-  if tpu != fused:
+  if tpu != xla:
     branches['tpu'] = lambda: fn(tpu)
   return lax.platform_dependent(**branches)
 

@@ -27,7 +27,7 @@ tiles of whole rows along its first axis, handled by a loop: decode the
 tile's codes, run the inner update on the tile, encode, count unchanged
 codes, write the new codes. Temporaries are one tile, and the tile stays
 in cache between decode and encode. Lowered for a GPU or TPU, each
-parameter is one call that the compiler fuses (`tiling.for_accelerators`).
+parameter is one call that the compiler fuses (`tiling.fused`).
 Either way the new state is that of the whole-tree path (scale blocks lie along the last
 axis, inside a row, and the stochastic-rounding bits are drawn at each
 element's global index).
@@ -56,6 +56,7 @@ from jax.extend import core as jax_core
 import jax.numpy as jnp
 
 from optax_q._src.codec import qarray as qarray_lib
+from optax_q._src.execution import kernels
 from optax_q._src.execution import tiling
 
 QArray = qarray_lib.QArray
@@ -211,8 +212,8 @@ def isolated(lay: Layout, inner_update: Callable[..., Any],
   ``shared`` replaces the shared slots (inside a kernel, which reads them
   from its inputs); ``barrier=False`` leaves the barrier out (a kernel body
   compiled on its own needs none). ``again`` marks a second evaluation of
-  the same call (`tiling.Plan.recompute`): its barrier differs from the
-  first's, so the compiler keeps the two apart.
+  the same call (for the block scales, `_param`): its barrier differs from
+  the first's, so the compiler keeps the two apart.
 
   Returns:
     ``(update, new shaped-slot leaves, new shared slots)``.
@@ -260,11 +261,7 @@ def _plan_of(lay: Layout, j: int, tile_size: int | None, *,
       byte_codes=any(jnp.dtype(x.codes.dtype).itemsize == 1
                      for x in quantized),
       track_stalls=track_stalls, kernel=kernel,
-      kernel_ready=bool(quantized) and lay.grads[j].ndim == 2 and all(
-          x.fmt.kind in ('float', 'int') and not x.fmt.packed
-          and not x.fmt.expand and x.scale_mode == 'block'
-          and lay.grads[j].shape[-1] % x.block_size == 0
-          and jnp.dtype(x.codes.dtype).itemsize == 1 for x in quantized))
+      kernel_ready=kernels.compiles(quantized, lay.grads[j].shape))
 
 
 class _Run(NamedTuple):
@@ -364,7 +361,9 @@ def _param(run: _Run, lay: Layout, j: int, plan: tiling.Plan):
   # encode them). On CPU, the values themselves; and where the inner update
   # has effects (a callback), which must happen once.
   sources = shaped
-  if any(map(_reads_scale_source, (x for _, x, _ in entries))):
+  if any(qarray_lib.is_qarray(x)
+         and qarray_lib.reads_scale_source(x.fmt, x.scale_mode)
+         for _, x, _ in entries):
     second = jax.make_jaxpr(lambda: call(again=True)[1])()
     if not second.effects:
       sources = lax.platform_dependent(
@@ -379,12 +378,6 @@ def _param(run: _Run, lay: Layout, j: int, plan: tiling.Plan):
         stalled[i] = stall(x, n)
     new.append(n)
   return (u, new, rest), stalled
-
-
-def _reads_scale_source(x) -> bool:
-  """Whether encoding ``x``'s new value reads a second evaluation."""
-  return (qarray_lib.is_qarray(x) and not x.fmt.expand
-          and x.scale_mode in ('block', 'block_pow2', 'row', 'tensor'))
 
 
 def _reassemble(lay: Layout, results: dict[int, tuple[Any, list, list]]):
