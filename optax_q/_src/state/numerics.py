@@ -328,6 +328,17 @@ def _count(state: Any) -> int:
   return 0
 
 
+def _number(value: Any) -> Any:
+  """A concrete float array as float64 NumPy, which `check_number` reads
+  whatever its dtype (an injected ``bfloat16`` hyperparameter); anything
+  else as it is."""
+  if (isinstance(value, (jax.Array, np.ndarray, np.generic))
+      and not isinstance(value, jax.core.Tracer)
+      and jnp.issubdtype(value.dtype, jnp.floating)):
+    return np.asarray(value, np.float64)
+  return value
+
+
 def _learning_rate(learning_rate: Any, state: Any, step: Any) -> Any:
   """The learning rate to check (a float), or None."""
   if learning_rate is None:
@@ -335,13 +346,13 @@ def _learning_rate(learning_rate: Any, state: Any, step: Any) -> Any:
   if learning_rate is None:
     return None
   hint = ' check_numerics runs outside jit: pass a concrete value.'
-  value = validation.check_number(learning_rate, 'learning_rate',
+  value = validation.check_number(_number(learning_rate), 'learning_rate',
                                   schedule=True, concrete=True, hint=hint)
   if not callable(value):
     return value
   step = _count(state) if step is None else step
   return validation.check_number(
-      value(step), f'learning_rate (the schedule at step {step})',
+      _number(value(step)), f'learning_rate (the schedule at step {step})',
       concrete=True, hint=hint)
 
 
@@ -380,6 +391,54 @@ def _warning(kind: str, findings: list[NumericsFinding], total: int,
       'steps far too large (v read as zero) or too small (v raised). Raise '
       'eps to the largest threshold named, or store the second moment with '
       'more range (bf16, a smaller block_size, int8_dynamic).')
+
+
+def _check_args(state, learning_rate, eps, step, rounding, warn):
+  """Checked ``(learning rate, eps, rounding, warn)`` of `check_numerics`
+  (None for a check that has nothing to check with)."""
+  if (callable(getattr(state, 'init', None))
+      and callable(getattr(state, 'update', None))):
+    raise ValueError(
+        'state must be an optimizer state (tx.init(params) or a later '
+        'state), got an Optax transformation.')
+  rounding = validation.check_choice(rounding, 'rounding', ROUNDINGS)
+  warn = validation.check_bool(warn, 'warn')
+  if step is not None:
+    step = validation.check_int(step, 'step')
+  lr = _learning_rate(learning_rate, state, step)
+  if eps is None:
+    eps = _injected(state, 'eps')
+  elif state is None:
+    raise ValueError(
+        'eps is checked against the stored second moment: pass the '
+        'optimizer state as well (state=tx.init(params), or '
+        'jax.eval_shape(tx.init, params)).')
+  if eps is not None:
+    eps = validation.check_number(_number(eps), 'eps', concrete=True)
+  if lr is None and eps is None:
+    raise ValueError(
+        'Nothing to check: pass learning_rate (a float or schedule) and/or '
+        'eps with the state, or a state made with optax.inject_hyperparams '
+        'that holds them.')
+  return lr, eps, rounding, warn
+
+
+def _eps_findings(state: Any, eps: float,
+                  found: dict[str, list[NumericsFinding]]) -> list[str]:
+  """Adds the ``eps`` findings of ``state``'s second moments to ``found``;
+  returns the second moments' paths."""
+  moments = []
+  for path, leaf in _float_leaves(state, 'state'):
+    if not _is_second_moment(path, leaf, state):
+      continue
+    where = state_tree.path_str(path)
+    moments.append(where)
+    for kind, check in (('eps_underflow', _eps_underflow),
+                        ('nu_floor', _nu_floor)):
+      f = check(where, leaf, eps)
+      if f is not None:
+        found[kind].append(f)
+  return moments
 
 
 def check_numerics(
@@ -515,30 +574,8 @@ def check_numerics(
     Li et al, [Memory Efficient Optimizers with 4-bit
     States](https://arxiv.org/abs/2309.01507), 2023
   """
-  if (callable(getattr(state, 'init', None))
-      and callable(getattr(state, 'update', None))):
-    raise ValueError(
-        'state must be an optimizer state (tx.init(params) or a later '
-        'state), got an Optax transformation.')
-  rounding = validation.check_choice(rounding, 'rounding', ROUNDINGS)
-  warn = validation.check_bool(warn, 'warn')
-  if step is not None:
-    step = validation.check_int(step, 'step')
-  lr = _learning_rate(learning_rate, state, step)
-  if eps is None:
-    eps = _injected(state, 'eps')
-  elif state is None:
-    raise ValueError(
-        'eps is checked against the stored second moment: pass the '
-        'optimizer state as well (state=tx.init(params), or '
-        'jax.eval_shape(tx.init, params)).')
-  if eps is not None:
-    eps = validation.check_number(eps, 'eps', concrete=True)
-  if lr is None and eps is None:
-    raise ValueError(
-        'Nothing to check: pass learning_rate (a float or schedule) and/or '
-        'eps with the state, or a state made with optax.inject_hyperparams '
-        'that holds them.')
+  lr, eps, rounding, warn = _check_args(
+      state, learning_rate, eps, step, rounding, warn)
   leaves = list(_float_leaves(params, 'params'))
   found = {kind: [] for kind in KINDS}
   if lr and rounding == 'nearest':
@@ -546,21 +583,10 @@ def check_numerics(
       f = _learning_rate_finding(state_tree.path_str(path), leaf, lr)
       if f is not None:
         found['learning_rate'].append(f)
-  moments = 0
-  if eps is not None and state is not None:
-    for path, leaf in _float_leaves(state, 'state'):
-      if not _is_second_moment(path, leaf, state):
-        continue
-      moments += 1
-      where = state_tree.path_str(path)
-      for kind, check in (('eps_underflow', _eps_underflow),
-                          ('nu_floor', _nu_floor)):
-        f = check(where, leaf, eps)
-        if f is not None:
-          found[kind].append(f)
+  moments = [] if eps is None else _eps_findings(state, eps, found)
   if warn:
     for kind, findings in found.items():
       if findings:
-        total = len(leaves) if kind == 'learning_rate' else moments
+        total = len(leaves) if kind == 'learning_rate' else len(moments)
         validation.warn(_warning(kind, findings, total, rounding))
   return [f for kind in KINDS for f in found[kind]]
