@@ -132,6 +132,22 @@ class LearningRateTest(parameterized.TestCase):
     self.assertEqual(_check(params, learning_rate=0.0), ([], []))
 
 
+  def test_sharded_params(self):
+    mesh = jax.make_mesh((8,), ('x',),
+                         axis_types=(jax.sharding.AxisType.Explicit,))
+    sharding = jax.sharding.NamedSharding(mesh, jax.P(None, 'x'))
+    with jax.set_mesh(mesh):
+      w = jax.device_put(jnp.full((4, 256), 1.5, jnp.float32), sharding)
+      params = optax_q.quantize_params(
+          {'plain': w.astype(jnp.bfloat16), 'kernel': w}, 'int8',
+          filter=lambda path, leaf: leaf.dtype == jnp.float32)
+      found, _ = _check(params, learning_rate=1e-4, warn=False)
+    self.assertEqual([(f.path, f.stored) for f in found],
+                     [('kernel', 'int8:row'), ('plain', 'bf16')])
+    np.testing.assert_allclose([f.threshold for f in found],
+                               [1.5 / 254, _BF16_HALF_ULP_AT_1], rtol=1e-6)
+
+
 class EpsTest(absltest.TestCase):
 
   def test_fp16_eps_rounds_to_zero_and_steps_give_nan(self):

@@ -34,6 +34,7 @@ scales) comes from the `Format` objects and the codec.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -90,7 +91,11 @@ class NumericsFinding(NamedTuple):
 def _dtype_format(dtype: Any) -> Format:
   """The registry's format of a float dtype (``bf16`` for ``bfloat16``),
   or, for dtypes it has none of (``float64``), one read from ``finfo``."""
-  dtype = jnp.dtype(dtype)
+  return _format_of(jnp.dtype(dtype))
+
+
+@functools.cache
+def _format_of(dtype: np.dtype) -> Format:
   for name in formats_lib.FORMAT_NAMES:
     try:
       fmt = formats_lib.get_format(name)
@@ -172,8 +177,9 @@ def _check_concrete(leaf: Any, where: str) -> None:
         'on jax.eval_shape results for the checks that need no values.')
 
 
-def _float_leaves(tree: Any, name: str):
-  """``(path, leaf)`` of the float arrays and QArrays of ``tree``."""
+def _float_leaves(tree: Any, name: str, strict: bool = True):
+  """``(path, leaf)`` of the float arrays and QArrays of ``tree``; other
+  leaves that are not numbers are a ``ValueError`` where ``strict``."""
   flat = jax.tree_util.tree_flatten_with_path(
       tree, is_leaf=qarray_lib.is_qarray)[0]
   for path, leaf in flat:
@@ -184,7 +190,8 @@ def _float_leaves(tree: Any, name: str):
     elif state_tree.is_float_array(leaf):
       _check_concrete(leaf, where)
       yield path, leaf
-    elif not (hasattr(leaf, 'dtype') or isinstance(leaf, (int, float))):
+    elif strict and not (hasattr(leaf, 'dtype')
+                         or isinstance(leaf, (int, float))):
       raise ValueError(
           f'{name} must be a pytree of arrays (or jax.ShapeDtypeStruct), '
           f'got a leaf {validation.short(leaf)} of type '
@@ -207,8 +214,10 @@ def _weight_stats(leaf: Any, lr: jax.Array) -> tuple[jax.Array, ...]:
   unchanged, finite weights)`` of one leaf, compiled once per layout."""
   a, ulp = _weights(leaf)
   finite = jnp.isfinite(a) & jnp.isfinite(ulp)
-  i = jnp.argmax(jnp.where(finite, a, -1.0).reshape(-1))
-  return (a.reshape(-1)[i], ulp.reshape(-1)[i] / 2,
+  # Reductions only (no flattening), so sharded leaves stay as they are.
+  largest = jnp.max(jnp.where(finite, a, -1.0))
+  at_largest = finite & (a == largest)
+  return (largest, jnp.max(jnp.where(at_largest, ulp, 0.0)) / 2,
           jnp.sum(finite & (lr < ulp / 2)), jnp.sum(finite))
 
 
@@ -428,7 +437,7 @@ def _eps_findings(state: Any, eps: float,
   """Adds the ``eps`` findings of ``state``'s second moments to ``found``;
   returns the second moments' paths."""
   moments = []
-  for path, leaf in _float_leaves(state, 'state'):
+  for path, leaf in _float_leaves(state, 'state', strict=False):
     if not _is_second_moment(path, leaf, state):
       continue
     where = state_tree.path_str(path)
