@@ -15,6 +15,7 @@
 warning against a step that shows the failure it names, and silence on
 healthy setups."""
 
+import functools
 import math
 import warnings
 
@@ -44,6 +45,29 @@ def _adam_step(params, grads, lr, **kwargs):
   tx = optax.adam(lr, **kwargs)
   updates, _ = tx.update(grads, tx.init(params), params)
   return optax.apply_updates(params, updates), updates
+
+
+_PARAMS = {'w': jnp.zeros((2, 256))}
+
+
+@functools.cache
+def _updates(eps):
+  """Jitted updates of Adam with the default low-bit state, and of its
+  float32 twin (``b2=0.9``: bias correction fades within 30 steps)."""
+  tx = optax_q.adam(1e-3, b2=0.9, eps=eps, min_size=0)
+  ref = optax.adam(1e-3, b2=0.9, eps=eps)
+  return tx, jax.jit(tx.update), ref, jax.jit(ref.update)
+
+
+def _small_step_ratio(eps, grads, steps=30):
+  """The state after ``steps`` steps on ``grads``, and the ratio of its
+  step to float32 Adam's at element (0, 1)."""
+  tx, update, ref, ref_update = _updates(eps)
+  state, ref_state = tx.init(_PARAMS), ref.init(_PARAMS)
+  for _ in range(steps):
+    u, state = update(grads, state, _PARAMS)
+    u_ref, ref_state = ref_update(grads, ref_state, _PARAMS)
+  return float(u['w'][0, 1] / u_ref['w'][0, 1]), state
 
 
 class LearningRateTest(parameterized.TestCase):
@@ -170,55 +194,46 @@ class EpsTest(absltest.TestCase):
     self.assertTrue(bool(jnp.all(jnp.isfinite(updates['w']))))
     self.assertEqual(_check(params, state, eps=1e-3), ([], []))
 
-  def test_bf16_second_moment_holds_usual_eps(self):
-    params = {'w': jnp.ones((4,), jnp.bfloat16)}
-    state = optax.adam(1e-3).init(params)
-    self.assertEqual(_check(params, state, eps=1e-8), ([], []))
+  def test_bf16_and_float32_second_moments_hold_usual_eps(self):
+    for dtype in (jnp.bfloat16, jnp.float32):
+      params = {'w': jnp.ones((4,), dtype)}
+      state = optax.adam(1e-3).init(params)
+      self.assertEqual(_check(params, state, eps=1e-8), ([], []))
+      # eps = 0: a float32 state is the reference, not flagged.
+      self.assertLen(_check(params, state, eps=0.0, warn=False)[0],
+                     dtype == jnp.bfloat16)
 
   def test_block_floor_and_the_steps_it_distorts(self):
-    # Gradients 1 and 1e-4 side by side in every fp8 block: the small
-    # ones' second moment sits at the block's floor.
-    params = {'w': jnp.zeros((2, 256))}
+    # Gradients 1 and 1e-4 side by side in every block of the default
+    # (int8_dynamic) second moment: the small ones' v sits at the floor.
     grads = {'w': jnp.tile(jnp.array([1.0, 1e-4]), (2, 128))}
-
-    def small_step_ratio(eps):
-      tx = optax_q.adam(1e-3, b2=0.9, eps=eps, nu_format='fp8_e4m3',
-                        min_size=0)
-      ref = optax.adam(1e-3, b2=0.9, eps=eps)
-      state, ref_state = tx.init(params), ref.init(params)
-      update, ref_update = jax.jit(tx.update), jax.jit(ref.update)
-      for _ in range(30):
-        u, state = update(grads, state, params)
-        u_ref, ref_state = ref_update(grads, ref_state, params)
-      return float(u['w'][0, 1] / u_ref['w'][0, 1]), state
-
-    ratio, state = small_step_ratio(1e-8)
-    (found,), messages = _check(params, state, eps=1e-8)
+    ratio, state = _small_step_ratio(1e-8, grads)
+    (found,), messages = _check(_PARAMS, state, eps=1e-8)
     self.assertEqual((found.kind, found.path, found.fraction),
                      ('nu_floor', '0/inner_state/nu/w', 0.5))
-    self.assertEqual(found.stored, 'fp8_e4m3:block:128')
-    # The floor: the block's largest v (about 1) over 448, times 2**-9.
-    np.testing.assert_allclose(found.threshold, math.sqrt(2**-9 / 448),
-                               rtol=0.05)
-    self.assertLess(ratio, 0.1)  # The small coordinates barely move.
+    self.assertEqual(found.stored, 'int8_dynamic_unsigned:block:128')
+    # The floor: the block's largest v, 1 - 0.9**30, times the unsigned
+    # dynamic map's smallest positive value.
+    fmt = optax_q.get_format('int8_dynamic_unsigned')
+    np.testing.assert_allclose(
+        found.threshold, math.sqrt(fmt.min_positive * (1 - 0.9**30)),
+        rtol=0.02)
+    self.assertLess(ratio, 0.2)  # The small coordinates barely move.
     self.assertIn('bf16, a smaller block_size', messages[0])
     eps = found.threshold * 1.02
-    ratio, state = small_step_ratio(eps)
-    self.assertEqual(_check(params, state, eps=eps), ([], []))
+    ratio, state = _small_step_ratio(eps, grads)
+    self.assertEqual(_check(_PARAMS, state, eps=eps), ([], []))
     self.assertGreater(ratio, 0.45)  # Within a factor of about 2.
 
-  def test_healthy_default_state_is_silent(self):
-    key = jax.random.key(0)
-    params = {'w': jax.random.normal(key, (64, 128)) * 0.05}
-    tx = optax_q.adamw(1e-3)
-    state = tx.init(params)
-    update = jax.jit(tx.update)
-    for i in range(2):
-      grads = {'w': jax.random.normal(jax.random.fold_in(key, i),
-                                      (64, 128)) * 0.01}
-      updates, state = update(grads, state, params)
-      params = optax.apply_updates(params, updates)
-    self.assertEqual(_check(params, state, learning_rate=1e-3, eps=1e-8),
+  def test_healthy_state_is_silent(self):
+    # Fresh gradients each step: the second moments average them, and no
+    # block spans the 1750-fold range in gradients that reaches the floor.
+    tx, update, _, _ = _updates(1e-8)
+    state = tx.init(_PARAMS)
+    for i in range(30):
+      grads = {'w': jax.random.normal(jax.random.key(i), (2, 256)) * 0.01}
+      _, state = update(grads, state, _PARAMS)
+    self.assertEqual(_check(_PARAMS, state, learning_rate=1e-3, eps=1e-8),
                      ([], []))
 
   def test_abstract_state_and_injected_eps(self):

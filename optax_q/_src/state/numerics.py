@@ -301,6 +301,8 @@ def _floor_stats(leaf: qarray_lib.QArray, eps: jax.Array
 
 def _nu_floor(path: str, leaf: Any, eps: float) -> NumericsFinding | None:
   fmt, stored = _stored(leaf)
+  if not qarray_lib.is_qarray(leaf) and jnp.dtype(leaf.dtype).itemsize >= 4:
+    return None  # float32 and wider: the reference precision.
   if not qarray_lib.is_qarray(leaf) or leaf.scale_mode == 'none':
     return _floor_of_unscaled(path, leaf, eps, fmt, stored)
   if not _has_values(leaf) or not leaf.size:
@@ -508,7 +510,8 @@ def check_numerics(
   smallest positive value (subnormals included) for an unscaled layout
   (`5.96 \cdot 10^{-8}` for ``fp16``, `9.2 \cdot 10^{-41}` for ``bf16``),
   and the block's scale times the grid's smallest positive value for a
-  scaled one. A `v < \nu_{\min}` is stored as 0 (or raised to
+  scaled one (float32 and wider second moments are the reference and are
+  not checked). A `v < \nu_{\min}` is stored as 0 (or raised to
   `\nu_{\min}` by a second-moment format's floor, see
   [`unsigned_variant`][optax_q.unsigned_variant]), so the denominator
   `\sqrt{v} + \epsilon` of such a coordinate is off by up to
@@ -516,7 +519,7 @@ def check_numerics(
   `\epsilon \ge \sqrt{\nu_{\min}}`. The check flags
 
   ```tex
-  \epsilon^2 < \nu_{\min}:
+  \epsilon^2 < \nu_{\min}
   ```
 
   for an unscaled layout from the format alone (abstract states too), for a
@@ -555,13 +558,14 @@ def check_numerics(
 
   Returns:
     The findings, a list of [`NumericsFinding`][optax_q.NumericsFinding]
-    (empty when all is well): learning-rate findings in the order of
-    ``params``' leaves, then ``eps`` findings in the order of the state's.
+    (empty when all is well), by kind (``'learning_rate'``,
+    ``'eps_underflow'``, ``'nu_floor'``), each kind in the order of the
+    leaves.
 
   Raises:
     ValueError: naming the argument, for a bad ``learning_rate``, ``eps``,
-      ``step`` or ``rounding``, params or a state that are not pytrees of
-      arrays, traced leaves (inside ``jit``), an Optax transformation
+      ``step`` or ``rounding``, params that are not a pytree of arrays,
+      traced leaves (inside ``jit``), an Optax transformation
       passed as ``state``, ``eps`` without a state, or nothing to check.
 
   Examples:
