@@ -149,11 +149,17 @@ class LearningRateTest(parameterized.TestCase):
         'ints': jnp.arange(4),
         'empty': jnp.zeros((0,), jnp.bfloat16),
         'abstract': jax.ShapeDtypeStruct((4,), jnp.bfloat16),
+        'fp8': jnp.ones((3,), jnp.float8_e4m3fn),
     }
     found, _ = _check(params, learning_rate=1e-3, warn=False)
-    self.assertEqual(sorted(f.path for f in found), ['bad', 'scalar'])
+    self.assertEqual(sorted((f.path, f.stored, f.threshold) for f in found),
+                     [('bad', 'bf16', 2.0**-8), ('fp8', 'fp8_e4m3', 2.0**-4),
+                      ('scalar', 'bf16', 2.0**-8)])
     self.assertEqual([f.fraction for f in found if f.path == 'bad'], [1 / 3])
     self.assertEqual(_check(params, learning_rate=0.0), ([], []))
+    (found,), _ = _check(jnp.ones(3, jnp.bfloat16), learning_rate=1e-3,
+                         warn=False)
+    self.assertEqual(found.path, '.')
 
 
   def test_sharded_params(self):

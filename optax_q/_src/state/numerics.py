@@ -65,7 +65,8 @@ class NumericsFinding(NamedTuple):
       is below `\sqrt{\nu_{\min}}`, the square root of the smallest positive
       value the stored second moment holds).
     path: The leaf's ``'a/b/c'`` path in ``params`` (``'learning_rate'``)
-      or in the state (the other kinds).
+      or in the state (the other kinds); ``'.'`` for a tree that is one
+      leaf.
     stored: How the leaf is stored: a dtype's format (``'bf16'``,
       ``'fp32'``) or a layout tag (``'fp8_e4m3:row'``,
       ``'int8_dynamic_unsigned:block:128'``).
@@ -177,6 +178,11 @@ def _check_concrete(leaf: Any, where: str) -> None:
         'on jax.eval_shape results for the checks that need no values.')
 
 
+def _path(path) -> str:
+  """``'a/b/c'``; ``'.'`` for a tree that is one leaf."""
+  return state_tree.path_str(path) or '.'
+
+
 def _float_leaves(tree: Any, name: str, strict: bool = True):
   """``(path, leaf)`` of the float arrays and QArrays of ``tree``; other
   leaves that are not numbers are a ``ValueError`` where ``strict``."""
@@ -203,8 +209,10 @@ def _weights(leaf: Any) -> tuple[jax.Array, jax.Array]:
   if qarray_lib.is_qarray(leaf):
     y, s = _grid_and_scale(leaf)
     return jnp.abs(y * s), grid_spacing(y, leaf.fmt) * s
-  dtype = jnp.promote_types(leaf.dtype, jnp.float32)
-  w = jnp.asarray(leaf).astype(dtype)
+  # float64 stays float64 where JAX keeps it (x64); narrower goes to
+  # float32 explicitly (8-bit floats have no implicit promotion).
+  dtype = leaf.dtype if jnp.dtype(leaf.dtype).itemsize > 4 else jnp.float32
+  w = leaf.astype(dtype)
   return jnp.abs(w), grid_spacing(w, _dtype_format(leaf.dtype))
 
 
@@ -228,6 +236,8 @@ def _learning_rate_finding(path: str, leaf: Any, lr: float
   size = leaf.size if qarray_lib.is_qarray(leaf) else math.prod(leaf.shape)
   if not size or not _has_values(leaf):
     return None
+  if not qarray_lib.is_qarray(leaf):
+    leaf = jnp.asarray(leaf)  # As JAX holds it (float64 without x64: 32).
   largest, threshold, frozen, finite = (
       float(x) for x in _weight_stats(leaf, jnp.float32(lr)))
   if not finite or not lr < threshold:
@@ -442,7 +452,7 @@ def _eps_findings(state: Any, eps: float,
   for path, leaf in _float_leaves(state, 'state', strict=False):
     if not _is_second_moment(path, leaf, state):
       continue
-    where = state_tree.path_str(path)
+    where = _path(path)
     moments.append(where)
     for kind, check in (('eps_underflow', _eps_underflow),
                         ('nu_floor', _nu_floor)):
@@ -593,7 +603,7 @@ def check_numerics(
   found = {kind: [] for kind in KINDS}
   if lr and rounding == 'nearest':
     for path, leaf in leaves:
-      f = _learning_rate_finding(state_tree.path_str(path), leaf, lr)
+      f = _learning_rate_finding(_path(path), leaf, lr)
       if f is not None:
         found['learning_rate'].append(f)
   moments = [] if eps is None else _eps_findings(state, eps, found)
