@@ -76,6 +76,8 @@ from optax_q._src.second_order.shampoo import scale_by_shampoo
 from optax_q._src.second_order.shampoo import ScaleByShampooState
 from optax_q._src.second_order.soap import scale_by_soap
 from optax_q._src.second_order.soap import ScaleBySoapState
+from optax_q._src.state.numerics import check_numerics
+from optax_q._src.state.numerics import NumericsFinding
 from optax_q._src.state.sharding import state_shardings
 from optax_q._src.state.telemetry import stall_fraction
 from optax_q._src.state.telemetry import state_bits_per_element
@@ -112,6 +114,7 @@ __all__ = (
     'FidelityState',
     'Format',
     'NONNEGATIVE_FIELDS',
+    'NumericsFinding',
     'QArray',
     'QuantizeGradientsState',
     'QuantizedState',
@@ -130,6 +133,7 @@ __all__ = (
     'apply_updates',
     'bit_layout',
     'bit_widths',
+    'check_numerics',
     'cycle_staleness',
     'dequantize',
     'dequantize_params',
