@@ -35,6 +35,7 @@ import pytest
 
 import optax_q
 from optax_q._src.codec import qarray as qarray_lib
+from optax_q._src.state import migration
 
 import helpers
 
@@ -140,7 +141,6 @@ def _assert_within_grid(plain, state):
 def _stripped_qarrays(state):
   """``state`` stripped of wrappers as ``to_optax`` does, with the QArrays
   kept (so that each plain leaf's codec can be read)."""
-  from optax_q._src.state import migration  # pylint: disable=g-import-not-at-top
   return migration._strip(state, lambda q: q)  # pylint: disable=protected-access
 
 

@@ -26,6 +26,7 @@ features built on it, such as adaptive bits, resets and ECO): its
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -65,15 +66,16 @@ def _strip(state: Any, leaf_fn) -> Any:
 
 
 @jax.jit
-def _decode(q: QArray) -> jax.Array:
-  return qarray_lib.decode(q, q.dtype)
+def _decode_all(qs: list[QArray]) -> list[jax.Array]:
+  return [qarray_lib.decode(q, q.dtype) for q in qs]
 
 
-def _decoded(q: QArray) -> Any:
-  """``q`` decoded to its logical dtype (abstract in, abstract out)."""
-  if isinstance(q.codes, jax.ShapeDtypeStruct):
-    return jax.ShapeDtypeStruct(q.shape, q.dtype)
-  return _decode(q)
+@functools.partial(jax.jit, static_argnums=0)
+def _encode_all(codecs: tuple[tuple[Any, str], ...],
+                values: list[Any]) -> list[QArray]:
+  """Each value encoded (nearest) by its ``(codec, logical dtype)``."""
+  return [codec.encode(jnp.asarray(x, jnp.float32), key=None, dtype=dtype)
+          for (codec, dtype), x in zip(codecs, values)]
 
 
 def to_optax(state: optax.OptState) -> optax.OptState:
@@ -127,7 +129,17 @@ def to_optax(state: optax.OptState) -> optax.OptState:
 
   .. seealso:: [`from_optax`][optax_q.from_optax]
   """
-  return _strip(state, _decoded)
+  leaves, treedef = jax.tree.flatten(_strip(state, lambda q: q),
+                                     is_leaf=qarray_lib.is_qarray)
+  where = [i for i, x in enumerate(leaves) if qarray_lib.is_qarray(x)]
+  qs = [leaves[i] for i in where]
+  if any(isinstance(q.codes, jax.ShapeDtypeStruct) for q in qs):
+    decoded = [jax.ShapeDtypeStruct(q.shape, jnp.dtype(q.dtype)) for q in qs]
+  else:
+    decoded = _decode_all(qs) if qs else []
+  for i, x in zip(where, decoded):
+    leaves[i] = x
+  return treedef.unflatten(leaves)
 
 
 def _one_level(node: Any) -> tuple[Any, list[tuple[Any, Any]]]:
@@ -203,9 +215,16 @@ def _steps(plain: Any) -> Any:
   return 0
 
 
+class _Slot:
+  """A leaf of ``from_optax``'s result that is yet to be encoded."""
+
+  def __init__(self, template: QArray, value: Any):
+    self.template, self.value = template, value
+
+
 def _fill(template: Any, plain: Any, count: Any) -> Any:
   """``template`` (a state of tx) with the values of ``plain`` (checked to
-  fit its stripped form)."""
+  fit its stripped form); the leaves to encode are left as slots."""
   parts, treedef = jax.tree.flatten(template, is_leaf=_is_node)
   subtrees = treedef.flatten_up_to(plain)
   return treedef.unflatten([
@@ -219,9 +238,22 @@ def _fill_part(template: Any, plain: Any, count: Any) -> Any:
         count=jnp.asarray(steps, template.count.dtype),
         inner_state=_fill(template.inner_state, plain, count))
   if qarray_lib.is_qarray(template):
-    return template.codec.encode_compiled(
-        jnp.asarray(plain, jnp.float32), key=None, dtype=template.dtype)
+    return _Slot(template, plain)
   return jnp.asarray(plain, template.dtype)
+
+
+def _encode_slots(tree: Any) -> Any:
+  """``tree`` with its slots encoded, in one compiled call."""
+  is_slot = lambda x: isinstance(x, _Slot)
+  leaves, treedef = jax.tree.flatten(tree, is_leaf=is_slot)
+  where = [i for i, x in enumerate(leaves) if is_slot(x)]
+  if where:
+    codecs = tuple((leaves[i].template.codec, leaves[i].template.dtype)
+                   for i in where)
+    encoded = _encode_all(codecs, [leaves[i].value for i in where])
+    for i, q in zip(where, encoded):
+      leaves[i] = q
+  return treedef.unflatten(leaves)
 
 
 def _check_plain(optax_state: Any) -> None:
@@ -279,7 +311,7 @@ def from_optax(optax_state: optax.OptState,
     optax_state: A plain Optax state (concrete arrays, as restored by Orbax
       into ``jax.eval_shape`` of the plain optimizer's ``init``).
     tx: The optax_q transform to resume with, e.g. ``optax_q.adamw(...)``.
-    params: The parameters (or their ``jax.ShapeDtypeStruct``\ s where
+    params: The parameters (or their ``jax.ShapeDtypeStruct`` leaves where
       ``tx.init`` takes them), from which ``tx.init`` builds the template.
     count: The steps already taken, for the wrappers' counters; None: read
       from ``optax_state``.
@@ -320,7 +352,7 @@ def from_optax(optax_state: optax.OptState,
         f'optax_state does not fit the state of tx: {found}. from_optax takes '
         'the state of the plain Optax optimizer that tx quantizes (that of '
         'optax.adamw for optax_q.adamw, ...), built on the same params.')
-  return _fill(template, optax_state, count)
+  return _encode_slots(_fill(template, optax_state, count))
 
 
 def _abstract(x: Any) -> Any:
