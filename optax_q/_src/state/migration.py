@@ -163,29 +163,40 @@ def _same_kind(a: Any, b: Any) -> bool:
                        for k in (jnp.floating, jnp.integer))
 
 
+def _leaf_difference(plain: Any, like: jax.ShapeDtypeStruct, where: str
+                     ) -> str | None:
+  """Whether ``plain`` fits an array leaf ``like`` (same shape, both float
+  or both integer), as for `_difference`."""
+  if not (hasattr(plain, 'shape') and hasattr(plain, 'dtype')):
+    return (f'at {where} the state of tx has an array {_describe(like)}, '
+            f'optax_state has {_describe(plain)}')
+  if (tuple(np.shape(plain)) != like.shape
+      or not _same_kind(plain.dtype, like.dtype)):
+    return (f'at {where} the state of tx has {_describe(like)}, '
+            f'optax_state has {_describe(plain)}')
+  return None
+
+
+def _names(children: list[tuple[Any, Any]]) -> list[str]:
+  return [state_tree.path_str((k,)) for k, _ in children]
+
+
 def _difference(plain: Any, like: Any, path: tuple[Any, ...]) -> str | None:
   """Where ``plain`` first departs from ``like`` (an abstract plain state),
   as a message naming the path and both sides; None if it fits."""
   where = state_tree.path_str(path) or '(the root)'
   if isinstance(like, jax.ShapeDtypeStruct):
-    if not (hasattr(plain, 'shape') and hasattr(plain, 'dtype')):
-      return (f'at {where} the state of tx has an array '
-              f'{_describe(like)}, optax_state has {_describe(plain)}')
-    if (tuple(np.shape(plain)) != like.shape
-        or not _same_kind(plain.dtype, like.dtype)):
-      return (f'at {where} the state of tx has {_describe(like)}, '
-              f'optax_state has {_describe(plain)}')
-    return None
+    return _leaf_difference(plain, like, where)
   (like_type, like_aux), like_children = _one_level(like)
-  plain_type, plain_aux, plain_children = type(plain), None, []
-  if plain is None or not jax.tree_util.all_leaves([plain]):
-    (plain_type, plain_aux), plain_children = _one_level(plain)
-  names = lambda kids: [state_tree.path_str((k,)) for k, _ in kids]
-  if (plain_type is not like_type
-      or names(plain_children) != names(like_children)):
+  if plain is not None and jax.tree_util.all_leaves([plain]):
     return (f'at {where} the state of tx has a {like_type.__name__} with '
-            f'{names(like_children)}, optax_state has a '
-            f'{plain_type.__name__} with {names(plain_children)}')
+            f'{_names(like_children)}, optax_state has {_describe(plain)}')
+  (plain_type, plain_aux), plain_children = _one_level(plain)
+  if (plain_type is not like_type
+      or _names(plain_children) != _names(like_children)):
+    return (f'at {where} the state of tx has a {like_type.__name__} with '
+            f'{_names(like_children)}, optax_state has a '
+            f'{plain_type.__name__} with {_names(plain_children)}')
   if not _equal(plain_aux, like_aux):
     return (f'at {where} the {like_type.__name__} of optax_state differs '
             f'from that of the state of tx: {validation.short(plain_aux)} '
