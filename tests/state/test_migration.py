@@ -141,7 +141,8 @@ def _assert_within_grid(plain, state):
 def _stripped_qarrays(state):
   """``state`` stripped of wrappers as ``to_optax`` does, with the QArrays
   kept (so that each plain leaf's codec can be read)."""
-  return migration._strip(state, lambda q: q)  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  return migration._strip(state, lambda q: q)
 
 
 class RoundTripTest(parameterized.TestCase):
@@ -332,6 +333,38 @@ class WrappersTest(absltest.TestCase):
       _assert_within_grid(plain, state)
 
 
+class NnxTest(absltest.TestCase):
+
+  def test_nnx_optimizer_moves_to_optax_q_and_back(self):
+    try:
+      # pylint: disable=g-import-not-at-top
+      from flax import nnx
+      from flax.nnx.training import optimizer as nnx_optimizer
+    except ImportError:
+      self.skipTest('needs flax')
+    model = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (32, 64))
+    loss = lambda m: jnp.mean(m(x) ** 2)
+    plain_opt = nnx.Optimizer(model, optax.adamw(1e-2), wrt=nnx.Param)
+    plain_opt.update(model, nnx.grad(loss)(model))
+    tx = optax_q.adamw(1e-2, min_size=0)
+    opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    plain = nnx.as_pure(plain_opt.opt_state)
+    state = optax_q.from_optax(plain, tx,
+                               nnx.as_pure(nnx.state(model, nnx.Param)))
+    _assert_within_grid(plain, state)
+    opt.opt_state = nnx.data(nnx_optimizer.to_opt_state(state))
+    opt.update(model, nnx.grad(loss)(model))
+    self.assertEqual(int(nnx.as_pure(opt.opt_state)[0].count), 2)
+    with self.assertRaisesRegex(ValueError, r'nnx.as_pure\(opt.opt_state\)'):
+      optax_q.to_optax(opt.opt_state)
+    with self.assertRaisesRegex(ValueError, r'OptArray.*nnx.as_pure'):
+      optax_q.from_optax(plain_opt.opt_state, tx,
+                         nnx.as_pure(nnx.state(model, nnx.Param)))
+    back = optax_q.to_optax(nnx.as_pure(opt.opt_state))
+    self.assertEqual(jax.tree.structure(back), jax.tree.structure(plain))
+
+
 class ErrorsTest(absltest.TestCase):
 
   def setUp(self):
@@ -365,6 +398,11 @@ class ErrorsTest(absltest.TestCase):
     bad = jax.tree.map(lambda x: x.astype(jnp.int32), self.plain)
     with self.assertRaisesRegex(ValueError, r'at 0/mu/b .* int32\[24\]'):
       optax_q.from_optax(bad, self.tx, self.params)
+
+  def test_checkpoint_restored_without_a_target(self):
+    raw = jax.tree.map(np.asarray, list(self.plain))  # As Orbax gives it.
+    with self.assertRaisesRegex(ValueError, 'has a list.*without a target'):
+      optax_q.from_optax(raw, self.tx, self.params)
 
   def test_already_quantized(self):
     state = self.tx.init(self.params)

@@ -40,6 +40,10 @@ from optax_q._src.state import state_tree
 
 QArray = qarray_lib.QArray
 
+_ARRAYS = (jax.Array, np.ndarray, np.generic)
+_NNX_HINT = (' (for the state of a Flax NNX optimizer, pass the arrays it '
+             'holds: nnx.as_pure(opt.opt_state))')
+
 
 def is_wrapper(x: Any) -> bool:
   """Whether ``x`` is a wrapper node: a state ``NamedTuple`` of optax_q
@@ -94,14 +98,16 @@ def to_optax(state: optax.OptState) -> optax.OptState:
   states: a state of optax_q with ``count`` and ``inner_state`` fields) is
   replaced by its inner state. The result is the state the same chain has
   without the wrappers: for the drop-ins ``optax_q.adamw``, ``adam``,
-  ``lion``, ``sgd`` and ``muon`` (without ``reset_every`` or ``bits``),
-  the state of ``optax.adamw``, ``optax.adam``, ``optax.lion``,
+  ``lion``, ``sgd`` and ``muon`` (without ``reset_every``, whose moments
+  are [`scale_by_adam_local_age`][optax_q.scale_by_adam_local_age]'s), the
+  state of ``optax.adamw``, ``optax.adam``, ``optax.lion``,
   ``optax.sgd`` and ``optax.contrib.muon`` with the same arguments, in
   which any of them resumes. Counts of the inner transforms are carried
   over as they are; what only the wrappers hold (their step counters,
   stalled fractions, reset ages, adaptive-bits statistics and layout) is
   dropped. A state with no wrapper and no quantized leaf (a plain Optax
-  state) is returned as it is.
+  state) is returned as it is. [`from_optax`][optax_q.from_optax] goes the
+  other way.
 
   Pure and structural: it runs under ``jax.jit``, and on an abstract state
   (``jax.eval_shape``) it gives the abstract plain state.
@@ -109,7 +115,8 @@ def to_optax(state: optax.OptState) -> optax.OptState:
   Args:
     state: Any optimizer state, concrete or abstract, holding optax_q state
       anywhere (inside ``optax.chain``, ``optax.masked``,
-      ``optax.inject_hyperparams`` ...).
+      ``optax.inject_hyperparams`` ...); of an ``nnx.Optimizer``, the
+      arrays it holds, ``nnx.as_pure(opt.opt_state)``.
 
   Returns:
     The plain state, as a tree of arrays.
@@ -126,13 +133,16 @@ def to_optax(state: optax.OptState) -> optax.OptState:
   References:
     Dettmers et al, [8-bit Optimizers via Block-wise
     Quantization](https://arxiv.org/abs/2110.02861), 2022
-
-  .. seealso:: [`from_optax`][optax_q.from_optax]
   """
   leaves, treedef = jax.tree.flatten(_strip(state, lambda q: q),
                                      is_leaf=qarray_lib.is_qarray)
   where = [i for i, x in enumerate(leaves) if qarray_lib.is_qarray(x)]
   qs = [leaves[i] for i in where]
+  for q in qs:
+    if not isinstance(q.codes, (*_ARRAYS, jax.ShapeDtypeStruct)):
+      raise ValueError(
+          f'to_optax decodes arrays, but the codes of a {q.fmt.name} QArray '
+          f'are held in a {type(q.codes).__name__}{_NNX_HINT}.')
   if any(isinstance(q.codes, jax.ShapeDtypeStruct) for q in qs):
     decoded = [jax.ShapeDtypeStruct(q.shape, jnp.dtype(q.dtype)) for q in qs]
   else:
@@ -167,9 +177,9 @@ def _leaf_difference(plain: Any, like: jax.ShapeDtypeStruct, where: str
                      ) -> str | None:
   """Whether ``plain`` fits an array leaf ``like`` (same shape, both float
   or both integer), as for `_difference`."""
-  if not (hasattr(plain, 'shape') and hasattr(plain, 'dtype')):
+  if not isinstance(plain, _ARRAYS):
     return (f'at {where} the state of tx has an array {_describe(like)}, '
-            f'optax_state has {_describe(plain)}')
+            f'optax_state has a {type(plain).__name__}{_NNX_HINT}')
   if (tuple(np.shape(plain)) != like.shape
       or not _same_kind(plain.dtype, like.dtype)):
     return (f'at {where} the state of tx has {_describe(like)}, '
@@ -318,6 +328,17 @@ def from_optax(optax_state: optax.OptState,
   field, such as ``ScaleByAdamState.count``; 0 where it has none, as
   ``optax.trace``).
 
+  With Flax NNX, pass the arrays the optimizers hold and put the result
+  back as an ``nnx.Optimizer`` wraps a state:
+
+  ```python
+  from flax.nnx.training.optimizer import to_opt_state
+  new = optax_q.from_optax(nnx.as_pure(plain_opt.opt_state), tx,
+                           nnx.as_pure(nnx.state(model, nnx.Param)))
+  opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  opt.opt_state = nnx.data(to_opt_state(new))
+  ```
+
   Args:
     optax_state: A plain Optax state (concrete arrays, as restored by Orbax
       into ``jax.eval_shape`` of the plain optimizer's ``init``).
@@ -348,8 +369,6 @@ def from_optax(optax_state: optax.OptState,
   References:
     Dettmers et al, [8-bit Optimizers via Block-wise
     Quantization](https://arxiv.org/abs/2110.02861), 2022
-
-  .. seealso:: [`to_optax`][optax_q.to_optax]
   """
   validation.check_transform(tx, 'tx')
   if count is not None:
@@ -362,7 +381,9 @@ def from_optax(optax_state: optax.OptState,
     raise ValueError(
         f'optax_state does not fit the state of tx: {found}. from_optax takes '
         'the state of the plain Optax optimizer that tx quantizes (that of '
-        'optax.adamw for optax_q.adamw, ...), built on the same params.')
+        'optax.adamw for optax_q.adamw, ...), built on the same params; '
+        'restore a checkpoint of it into its abstract state (without a '
+        'target Orbax gives dicts and lists).')
   return _encode_slots(_fill(template, optax_state, count))
 
 
