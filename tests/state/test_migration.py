@@ -186,6 +186,16 @@ class RoundTripTest(parameterized.TestCase):
     self.assertEmpty(optax_q.quantized_leaves(state))
     helpers.assert_bits_equal(optax_q.to_optax(state), plain)
 
+  def test_bfloat16_moments_are_cast(self):
+    # optax.adam(mu_dtype='bfloat16') keeps mu in bfloat16; the quantized
+    # leaf's logical dtype is the params' (float32).
+    params, plain = _plain('adam')
+    mu = jax.tree.map(lambda x: x.astype(jnp.bfloat16), plain[0].mu)
+    plain = (plain[0]._replace(mu=mu), *plain[1:])
+    state = optax_q.from_optax(plain, _optimizers(8)['adam'], params)
+    self.assertEqual(state[0].inner_state.mu['w'].dtype, 'float32')
+    _assert_within_grid(plain, state)
+
   def test_counts_carry_over(self):
     params, plain = _plain('adamw')
     state = optax_q.from_optax(plain, optax_q.adamw(1e-2, min_size=0), params)
