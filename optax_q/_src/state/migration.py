@@ -316,14 +316,18 @@ def from_optax(optax_state: optax.OptState,
   grid step of each block (at the ends of a grid that does not reach both
   ends of the block's range, such as ``int8_dynamic``'s ``[-0.993, 1]``,
   the distance to the grid's end), and exactly ``s`` where ``tx`` keeps a
-  leaf in float32. Encoding a decoded state of optax_q again gives its
-  codes back, but for the sign of zero (``fp4_e2m1``'s ``-0`` comes back
-  as ``+0``) and for the blocks of a signed ``int8_dynamic`` leaf whose
-  largest magnitude is negative: that decodes to ``0.993 s_b``, so the
-  block takes a scale 0.7% smaller and a few of its codes move one step;
-  scales may differ in their last bit. The other leaves (counts, small leaves kept in float32, Muon's
-  coefficients) are copied, float leaves cast to the template's dtype (a
-  ``bfloat16`` moment of ``optax.adam(mu_dtype=...)`` is accepted).
+  leaf in float32. The other leaves (counts, small leaves kept in float32,
+  Muon's coefficients) are copied, float leaves cast to the template's
+  dtype (a ``bfloat16`` moment of ``optax.adam(mu_dtype=...)`` is
+  accepted).
+
+  Encoding a decoded state of optax_q again
+  (``from_optax(to_optax(state), tx, params)``) gives its codes back, but
+  for the sign of zero (``fp4_e2m1``'s ``-0`` comes back as ``+0``) and
+  for the blocks of a signed ``int8_dynamic`` leaf whose largest magnitude
+  is negative: that decodes to ``0.993 s_b``, so the block takes a scale
+  0.7% smaller and a few of its codes move one step. Scales may differ in
+  their last bit.
 
   What only the wrappers hold starts as ``tx.init`` sets it: stalled
   fractions at zero, reset ages and excess at zero, adaptive-bits
