@@ -317,9 +317,10 @@ def from_optax(optax_state: optax.OptState,
   ends of the block's range, such as ``int8_dynamic``'s ``[-0.993, 1]``,
   the distance to the grid's end), and exactly ``s`` where ``tx`` keeps a
   leaf in float32. The other leaves (counts, small leaves kept in float32,
-  Muon's coefficients) are copied, float leaves cast to the template's
-  dtype (a ``bfloat16`` moment of ``optax.adam(mu_dtype=...)`` is
-  accepted).
+  Muon's coefficients, and the hyperparameters ``optax.inject_hyperparams``
+  holds, which therefore come from ``optax_state``, not from ``tx``) are
+  copied, float leaves cast to the template's dtype (a ``bfloat16`` moment
+  of ``optax.adam(mu_dtype=...)`` is accepted).
 
   Encoding a decoded state of optax_q again
   (``from_optax(to_optax(state), tx, params)``) gives its codes back, but
