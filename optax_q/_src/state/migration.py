@@ -26,7 +26,6 @@ features built on it, such as adaptive bits, resets and ECO): its
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -70,16 +69,20 @@ def _strip(state: Any, leaf_fn) -> Any:
 
 
 @jax.jit
-def _decode_all(qs: list[QArray]) -> list[jax.Array]:
-  return [qarray_lib.decode(q, q.dtype) for q in qs]
+def _decode(q: QArray) -> jax.Array:
+  """``q`` decoded to its logical dtype (compiled once per layout)."""
+  return qarray_lib.decode(q, q.dtype)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _encode_all(codecs: tuple[tuple[Any, str], ...],
-                values: list[Any]) -> list[QArray]:
-  """Each value encoded (nearest) by its ``(codec, logical dtype)``."""
-  return [codec.encode(jnp.asarray(x, jnp.float32), key=None, dtype=dtype)
-          for (codec, dtype), x in zip(codecs, values)]
+def _decoded(q: QArray) -> Any:
+  """``q`` decoded (abstract in, abstract out)."""
+  if isinstance(q.codes, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(q.shape, jnp.dtype(q.dtype))
+  if not isinstance(q.codes, _ARRAYS):
+    raise ValueError(
+        f'to_optax decodes arrays, but the codes of a {q.fmt.name} QArray '
+        f'are held in a {type(q.codes).__name__}{_NNX_HINT}.')
+  return _decode(q)
 
 
 def to_optax(state: optax.OptState) -> optax.OptState:
@@ -134,22 +137,7 @@ def to_optax(state: optax.OptState) -> optax.OptState:
     Dettmers et al, [8-bit Optimizers via Block-wise
     Quantization](https://arxiv.org/abs/2110.02861), 2022
   """
-  leaves, treedef = jax.tree.flatten(_strip(state, lambda q: q),
-                                     is_leaf=qarray_lib.is_qarray)
-  where = [i for i, x in enumerate(leaves) if qarray_lib.is_qarray(x)]
-  qs = [leaves[i] for i in where]
-  for q in qs:
-    if not isinstance(q.codes, (*_ARRAYS, jax.ShapeDtypeStruct)):
-      raise ValueError(
-          f'to_optax decodes arrays, but the codes of a {q.fmt.name} QArray '
-          f'are held in a {type(q.codes).__name__}{_NNX_HINT}.')
-  if any(isinstance(q.codes, jax.ShapeDtypeStruct) for q in qs):
-    decoded = [jax.ShapeDtypeStruct(q.shape, jnp.dtype(q.dtype)) for q in qs]
-  else:
-    decoded = _decode_all(qs) if qs else []
-  for i, x in zip(where, decoded):
-    leaves[i] = x
-  return treedef.unflatten(leaves)
+  return _strip(state, _decoded)
 
 
 def _one_level(node: Any) -> tuple[Any, list[tuple[Any, Any]]]:
@@ -236,16 +224,9 @@ def _steps(plain: Any) -> Any:
   return 0
 
 
-class _Slot:
-  """A leaf of ``from_optax``'s result that is yet to be encoded."""
-
-  def __init__(self, template: QArray, value: Any):
-    self.template, self.value = template, value
-
-
 def _fill(template: Any, plain: Any, count: Any) -> Any:
   """``template`` (a state of tx) with the values of ``plain`` (checked to
-  fit its stripped form); the leaves to encode are left as slots."""
+  fit its stripped form)."""
   parts, treedef = jax.tree.flatten(template, is_leaf=_is_node)
   subtrees = treedef.flatten_up_to(plain)
   return treedef.unflatten([
@@ -259,22 +240,11 @@ def _fill_part(template: Any, plain: Any, count: Any) -> Any:
         count=jnp.asarray(steps, template.count.dtype),
         inner_state=_fill(template.inner_state, plain, count))
   if qarray_lib.is_qarray(template):
-    return _Slot(template, plain)
+    # Compiled once per layout and shape: the leaves of a model's layers
+    # share their encoders.
+    return template.codec.encode_compiled(
+        jnp.asarray(plain, jnp.float32), key=None, dtype=template.dtype)
   return jnp.asarray(plain, template.dtype)
-
-
-def _encode_slots(tree: Any) -> Any:
-  """``tree`` with its slots encoded, in one compiled call."""
-  is_slot = lambda x: isinstance(x, _Slot)
-  leaves, treedef = jax.tree.flatten(tree, is_leaf=is_slot)
-  where = [i for i, x in enumerate(leaves) if is_slot(x)]
-  if where:
-    codecs = tuple((leaves[i].template.codec, leaves[i].template.dtype)
-                   for i in where)
-    encoded = _encode_all(codecs, [leaves[i].value for i in where])
-    for i, q in zip(where, encoded):
-      leaves[i] = q
-  return treedef.unflatten(leaves)
 
 
 def _check_plain(optax_state: Any) -> None:
@@ -396,7 +366,7 @@ def from_optax(optax_state: optax.OptState,
         'optax.adamw for optax_q.adamw, ...), built on the same params; '
         'restore a checkpoint of it into its abstract state (without a '
         'target Orbax gives dicts and lists).')
-  return _encode_slots(_fill(template, optax_state, count))
+  return _fill(template, optax_state, count)
 
 
 def _abstract(x: Any) -> Any:
