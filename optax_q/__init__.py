@@ -76,6 +76,8 @@ from optax_q._src.second_order.shampoo import scale_by_shampoo
 from optax_q._src.second_order.shampoo import ScaleByShampooState
 from optax_q._src.second_order.soap import scale_by_soap
 from optax_q._src.second_order.soap import ScaleBySoapState
+from optax_q._src.state.migration import from_optax
+from optax_q._src.state.migration import to_optax
 from optax_q._src.state.numerics import check_numerics
 from optax_q._src.state.numerics import NumericsFinding
 from optax_q._src.state.sharding import state_shardings
@@ -144,6 +146,7 @@ __all__ = (
     'fake_quantize_params',
     'fidelity_summary',
     'format_epsilon',
+    'from_optax',
     'get_format',
     'in_preconditioner_space',
     'is_linear_kernel',
@@ -173,6 +176,7 @@ __all__ = (
     'state_nbytes',
     'state_shardings',
     'statistical_error',
+    'to_optax',
     'track_fidelity',
     'transient_stall_probability',
     'unsigned_variant',

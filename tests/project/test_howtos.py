@@ -59,7 +59,9 @@ class HowToTest(parameterized.TestCase):
   # ECO with low-bit moments and its checkpoint round trip in test_eco.py;
   # float32 formats equal to Optax, 8-bit Muon and the checkpoint round trip
   # of quantized training in test_fp_quantization.py; A + B + C = R and the
-  # switched-off quantizer equal to the plain model in test_quant.py.
+  # switched-off quantizer equal to the plain model in test_quant.py; a
+  # plain Orbax checkpoint resumed under optax_q, the loss going on, in
+  # test_migration.py.
   @parameterized.parameters(
       ('second_order', ['--steps', '6'], 'bit-identical: True'),
       ('master_free', ['--steps', '6', '--save-at', '3'],
@@ -68,6 +70,8 @@ class HowToTest(parameterized.TestCase):
       ('model_quantization', ['--steps', '10'], 'bit-identical: True'),
       ('nnx_master_free', ['--steps', '6', '--save-at', '3'],
        'bit-identical: True'),
+      ('migrate_optax', ['--steps', '4'],
+       'resumed bit-identical, formats included: True'),
   )
   @pytest.mark.slow
   def test_runs_and_checks_slow(self, name, argv, expected):
@@ -118,7 +122,7 @@ class HowToTest(parameterized.TestCase):
     tested = {'nnx_checkpoint', 'linen_train_state', 'formats_and_schedules',
               'shard_state', 'memory_budget', 'master_free', 'fp_components',
               'second_order', 'model_quantization', 'shard_state_multihost',
-              'nnx_adaptive_bits', 'nnx_master_free'}
+              'nnx_adaptive_bits', 'nnx_master_free', 'migrate_optax'}
     self.assertEqual(scripts, tested)
 
 

@@ -19,6 +19,8 @@
 - `state_tree`: reading state trees (fields, boxes, leaves by field).
 - `sharding`: `state_shardings`, the shardings of a quantized state.
 - `telemetry`: bytes, bits per element and stalled fractions.
+- `migration`: `from_optax` and `to_optax`, between plain Optax states and
+  these.
 - `numerics`: `check_numerics`, learning rates and ``eps`` against the
   stored precision of weights and second moments.
 
