@@ -81,12 +81,17 @@ def make_optimizer(cfg: Config, run: _common.RunConfig, seed: int):
     return study_eco.make_optimizer(eco, run, seed)
   adamw = optax_q.adamw(
       _common.schedule(run), b1=run.b1, b2=run.b2, eps=run.eps,
-      weight_decay=run.weight_decay, mask=study_eco._decay_mask,  # pylint: disable=protected-access
+      weight_decay=run.weight_decay, mask=_decay_mask,
       mu_format=M8, nu_format=M8, rounding='stochastic', seed=seed,
       min_size=run.min_size, block_size=run.block_size)
   if cfg.weights in ('int16', 'int8'):
     adamw = optax_q.split_weights(adamw, cfg.weights, filter='all')
   return optax.chain(optax.clip_by_global_norm(run.clip_norm), adamw)
+
+
+def _decay_mask(params):
+  """Weight decay on matrices only (the ECO study's mask)."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
 def _float32_loss(model, params, batch):
@@ -245,6 +250,10 @@ def random_weights(n: int = 1 << 22) -> jax.Array:
       k[1], (n,), minval=-36.0, maxval=36.0)
 
 
+def _per_param(rows, key: str) -> float:
+  return statistics.mean(r[key] for r in rows) / rows[0]['params']
+
+
 def summarize(rows, configs):
   by = {}
   for r in rows:
@@ -259,8 +268,7 @@ def summarize(rows, configs):
     losses = [r['final_val_loss'] for r in rs]
     finite = all(np.isfinite(losses))
     mean = statistics.mean(losses) if finite else float('nan')
-    n = rs[0]['params']
-    per = lambda key: statistics.mean(r[key] for r in rs) / n  # pylint: disable=cell-var-from-loop
+    per = functools.partial(_per_param, rs)
     out.append(dict(
         config=cfg.name, weights=cfg.weights, mean_loss=mean,
         std_loss=(statistics.stdev(losses) if finite and len(losses) > 1

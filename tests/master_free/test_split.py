@@ -93,11 +93,11 @@ def _split_step(tx):
   return step
 
 
-def _run_split(tx, params, steps, remainder='int16', filter='all'):  # pylint: disable=redefined-builtin
+def _run_split(tx, params, steps, remainder='int16', chosen='all'):
   """``tx`` (a split_weights) from float32 ``params``: (bf16 params,
   state, masters)."""
   state = jax.jit(tx.init)(params)
-  p = optax_q.split_params(params, remainder, filter=filter)
+  p = optax_q.split_params(params, remainder, filter=chosen)
   step = jax.jit(_split_step(tx))
   for i in range(steps):
     p, state = step(p, state, _grads(i, params))
@@ -308,7 +308,7 @@ class SplitWeightsTest(parameterized.TestCase):
     params = _params()
     tx = optax_q.split_weights(optax.adamw(1e-2), filter='linear')
     want, _ = _run_master(optax.adamw(1e-2), params, 2)
-    p, state, masters = _run_split(tx, params, 2, filter='linear')
+    p, state, masters = _run_split(tx, params, 2, chosen='linear')
     dtypes = jax.tree.map(lambda x: x.dtype.name, p)
     self.assertEqual(dtypes['block']['fc']['kernel'], 'bfloat16')
     # Embeddings, the head, biases and norms stay as the user gave them,
@@ -320,10 +320,21 @@ class SplitWeightsTest(parameterized.TestCase):
     helpers.assert_bits_equal(masters, want)
     chosen = lambda path, leaf: leaf.ndim == 1
     tx = optax_q.split_weights(optax.adamw(1e-2), filter=chosen)
-    p, _, masters = _run_split(tx, params, 2, filter=chosen)
+    p, _, masters = _run_split(tx, params, 2, chosen=chosen)
     self.assertEqual(p['block']['ln']['scale'].dtype, jnp.bfloat16)
     self.assertEqual(p['head']['kernel'].dtype, jnp.float32)
     helpers.assert_bits_equal(masters, want)
+
+  def test_gradient_accumulation_around(self):
+    # optax.MultiSteps puts zeros in place of the updates between its
+    # steps: they keep the weights (not zero them), as float32 masters do.
+    params = {'w': _small_params()['fc']['kernel']}
+    multi = lambda tx: optax.MultiSteps(tx, every_k_schedule=2)
+    want, _ = _run_master(multi(optax.adam(1e-2)), params, 3)
+    p, _, masters = _run_split(multi(optax_q.split_weights(
+        optax.adam(1e-2))), params, 3)
+    helpers.assert_bits_equal(masters, want)
+    self.assertEqual(p['w'].dtype, jnp.bfloat16)
 
   def test_bf16_params_at_init_start_from_zero_remainder(self):
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16),

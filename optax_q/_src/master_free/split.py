@@ -306,8 +306,9 @@ def split_weights(
   `3.3962 \cdot 10^{38}` (bf16's largest finite plus half its last place),
   zeros of either sign, subnormals and infinities come back bit for bit
   with int16; larger finite values keep `hi` at bf16's largest finite and
-  are off by at most `2^{119}` (under `2^{-9}` relative); NaN stays NaN. With int8 the master is `x`
-  rounded to 16 significant bits: `|x - \hat x| \le 2^{-16} |x|`.
+  are off by at most `2^{119}` (under `2^{-9}` relative); NaN stays NaN.
+  With int8 the master is `x` rounded to 16 significant bits:
+  `|x - \hat x| \le 2^{-16} |x|` for normal `x`.
 
   ``filter`` chooses the split leaves, as for
   [`quantize_params`][optax_q.quantize_params]; others keep the dtype the
@@ -315,9 +316,13 @@ def split_weights(
   transform (a chain with clipping, AdamW, Muon, an optax_q optimizer with
   low-bit moments, ...): it sees float32 masters as its ``params``, so
   weight decay reads them. [`quantize_state`][optax_q.quantize_state] may
-  also wrap ``split_weights``. ``split_weights`` goes last (its updates are
-  new weights, not steps), and ``optax.apply_updates`` refuses them with a
-  ``TypeError`` naming [`optax_q.apply_updates`][optax_q.apply_updates].
+  also wrap ``split_weights``, and so may ``optax.MultiSteps`` (the zeros it
+  returns between its steps keep the weights). ``split_weights`` goes last
+  (its updates are new weights, not steps: clip and scale inside or before
+  it), and ``optax.apply_updates`` refuses them with a ``TypeError`` naming
+  [`optax_q.apply_updates`][optax_q.apply_updates]. Put
+  ``optax.apply_if_finite`` inside (around ``inner``): the new weights are
+  bit patterns, which it would take for finite.
 
   Args:
     inner: The optimizer of the float32 masters.

@@ -91,6 +91,10 @@ class NewWeights(metaclass=_NamedWithHint):
   scale: jax.Array | None
   # The QArray's layout, or a plain parameter's jax.ShapeDtypeStruct.
   like: QArray = dataclasses.field(metadata=dict(static=True))
+  # A plain parameter's: 1 (uint8), so that the zeros a wrapper puts in
+  # place of a step (optax.MultiSteps between its updates) keep the
+  # parameter instead of writing zero weights.
+  applied: jax.Array | None = None
 
   @classmethod
   def of(cls, q: QArray) -> 'NewWeights':
@@ -101,7 +105,8 @@ class NewWeights(metaclass=_NamedWithHint):
   @classmethod
   def of_array(cls, x: jax.Array) -> 'NewWeights':
     """The new value of a plain parameter, bit for bit."""
-    return cls(_bits_of(x), None, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    return cls(_bits_of(x), None, jax.ShapeDtypeStruct(x.shape, x.dtype),
+               jnp.ones((), jnp.uint8))
 
   def __add__(self, other):
     raise TypeError(f'{_APPLY_HINT}: these updates are new values, not '
@@ -124,7 +129,10 @@ class NewWeights(metaclass=_NamedWithHint):
           f'new weights (its bits are {self.codes.dtype}, not '
           f'{jnp.dtype(want).name}): it must be the last transform of the '
           'chain (clip and scale before it).')
-    return jax.lax.bitcast_convert_type(self.codes, dtype)
+    new = jax.lax.bitcast_convert_type(self.codes, dtype)
+    if self.applied is None:
+      return new
+    return jnp.where(self.applied != 0, new, param)
 
   def weights(self, param: Any, where: str) -> Any:
     """The new QArray (or plain array), checked against the parameter's
@@ -160,7 +168,8 @@ class NewWeights(metaclass=_NamedWithHint):
 
 
 jax.tree_util.register_dataclass(
-    NewWeights, data_fields=['codes', 'scale'], meta_fields=['like'])
+    NewWeights, data_fields=['codes', 'scale', 'applied'],
+    meta_fields=['like'])
 
 
 def is_new_weights(x: Any) -> bool:
