@@ -83,8 +83,9 @@ def split(x: jax.Array, bits: int = 16) -> tuple[jax.Array, jax.Array]:
   and ``lo = (m - hi's) / 2**(16 - bits)``, which lies in
   ``[-2**(bits-1), 2**(bits-1))``. Finite values beyond bf16's largest
   finite plus half its last place keep ``hi`` finite (bf16's max) and
-  saturate ``lo`` (off by at most 2**119, under 2**-9 relative);
-  infinities split into themselves and 0; NaN into bf16's quiet NaN and 0.
+  saturate ``lo`` (the master then off by under 2**-9 relative with
+  int16, 2**-9 + 2**-16 with int8); infinities split into themselves and
+  0; NaN into bf16's quiet NaN and 0.
   """
   drop = 16 - bits
   u = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
