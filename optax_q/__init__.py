@@ -52,6 +52,10 @@ from optax_q._src.master_free.eco import eco
 from optax_q._src.master_free.eco import EcoState
 from optax_q._src.master_free.gradients import quantize_gradients
 from optax_q._src.master_free.gradients import QuantizeGradientsState
+from optax_q._src.master_free.split import master_weights
+from optax_q._src.master_free.split import split_params
+from optax_q._src.master_free.split import split_weights
+from optax_q._src.master_free.split import SplitWeightsState
 from optax_q._src.master_free.weights import apply_updates
 from optax_q._src.master_free.weights import dequantize_params
 from optax_q._src.master_free.weights import fake_quantize_params
@@ -125,6 +129,7 @@ __all__ = (
     'ScaleByAdamLocalAgeState',
     'ScaleByShampooState',
     'ScaleBySoapState',
+    'SplitWeightsState',
     'StorageConfig',
     'UpdateFidelity',
     'ZONES',
@@ -152,6 +157,7 @@ __all__ = (
     'is_linear_kernel',
     'is_qarray',
     'lion',
+    'master_weights',
     'muon',
     'quantize',
     'quantize_gradients',
@@ -169,6 +175,8 @@ __all__ = (
     'sgd',
     'shampoo',
     'soap',
+    'split_params',
+    'split_weights',
     'stall_fraction',
     'stall_probability',
     'startup_window',

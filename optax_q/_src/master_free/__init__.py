@@ -15,6 +15,7 @@
 
 - `weights`: `quantize_params`, `apply_updates` and `NewWeights`.
 - `eco`: error-compensated updates of quantized weights (no fp32 master).
+- `split`: float32 masters held as bf16 weights plus an integer remainder.
 - `gradients`: quantized gradients.
 - `components`: `quantized_training`, every component in its own format.
 

@@ -58,8 +58,8 @@ def _bits_of(x: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(x, _UINT[jnp.dtype(x.dtype).itemsize])
 
 
-_APPLY_HINT = ('new quantized weights from optax_q.eco: apply them with '
-               'optax_q.apply_updates(params, updates), not '
+_APPLY_HINT = ('new weights from optax_q.eco or optax_q.split_weights: '
+               'apply them with optax_q.apply_updates(params, updates), not '
                'optax.apply_updates')
 
 
@@ -73,13 +73,15 @@ class _NamedWithHint(type):
 
 @dataclasses.dataclass(frozen=True)
 class NewWeights(metaclass=_NamedWithHint):
-  """The update `optax_q.eco` gives a quantized parameter: its new
-  value, to be written by `optax_q.apply_updates`.
+  """The update `optax_q.eco` gives a quantized parameter (and
+  `optax_q.split_weights` a bf16 one): its new value, to be written by
+  `optax_q.apply_updates`.
 
-  Apply eco's updates with ``optax_q.apply_updates(params, updates)``, not
+  Apply these updates with ``optax_q.apply_updates(params, updates)``, not
   ``optax.apply_updates`` (nor an optimizer wrapper that calls it, such as
-  Flax's): those fail with a pytree structure error that names this type,
-  since the codes and scales are held as their bit patterns (unsigned
+  Flax's): those fail with an error that names this type (a pytree
+  structure error for a quantized parameter, a ``TypeError`` for a plain
+  one), since the codes and scales are held as their bit patterns (unsigned
   integers) instead of values to add. A transform placed after ``eco`` that
   rescales the updates turns them into floats, which `apply_updates`
   refuses.
@@ -87,7 +89,12 @@ class NewWeights(metaclass=_NamedWithHint):
 
   codes: jax.Array
   scale: jax.Array | None
+  # The QArray's layout, or a plain parameter's jax.ShapeDtypeStruct.
   like: QArray = dataclasses.field(metadata=dict(static=True))
+  # A plain parameter's: 1 (uint8), so that the zeros a wrapper puts in
+  # place of a step (optax.MultiSteps between its updates) keep the
+  # parameter instead of writing zero weights.
+  applied: jax.Array | None = None
 
   @classmethod
   def of(cls, q: QArray) -> 'NewWeights':
@@ -95,8 +102,47 @@ class NewWeights(metaclass=_NamedWithHint):
     return cls(_bits_of(q.codes),
                None if q.scale is None else _bits_of(q.scale), like)
 
-  def weights(self, param: QArray, where: str) -> QArray:
-    """The new QArray, checked against the parameter's layout."""
+  @classmethod
+  def of_array(cls, x: jax.Array) -> 'NewWeights':
+    """The new value of a plain parameter, bit for bit."""
+    return cls(_bits_of(x), None, jax.ShapeDtypeStruct(x.shape, x.dtype),
+               jnp.ones((), jnp.uint8))
+
+  def __add__(self, other):
+    raise TypeError(f'{_APPLY_HINT}: these updates are new values, not '
+                    'steps to add.')
+
+  __radd__ = __add__
+
+  def _plain(self, param: jax.Array, where: str) -> jax.Array:
+    """The new value of the plain parameter ``param``."""
+    dtype = jnp.dtype(param.dtype)
+    if (tuple(param.shape), dtype) != (self.like.shape, self.like.dtype):
+      raise ValueError(
+          f'updates[{where!r}] holds new weights of shape {self.like.shape} '
+          f'and dtype {self.like.dtype}, the parameter {param.shape} '
+          f'{dtype}.')
+    want = _UINT[dtype.itemsize]
+    if jnp.dtype(self.codes.dtype) != jnp.dtype(want):
+      raise ValueError(
+          f'updates[{where!r}] was changed after the transform that returned '
+          f'new weights (its bits are {self.codes.dtype}, not '
+          f'{jnp.dtype(want).name}): it must be the last transform of the '
+          'chain (clip and scale before it).')
+    new = jax.lax.bitcast_convert_type(self.codes, dtype)
+    if self.applied is None:
+      return new
+    return jnp.where(self.applied != 0, new, param)
+
+  def weights(self, param: Any, where: str) -> Any:
+    """The new QArray (or plain array), checked against the parameter's
+    layout."""
+    if not qarray_lib.is_qarray(self.like):
+      if qarray_lib.is_qarray(param):
+        raise ValueError(
+            f'updates[{where!r}] holds new plain weights but the parameter '
+            f'is quantized ({qarray_lib.layout_tag(param)}).')
+      return self._plain(param, where)
     if (param.fmt, param.shape, param.scale_mode, param.block_size) != (
         self.like.fmt, self.like.shape, self.like.scale_mode,
         self.like.block_size):
@@ -122,7 +168,8 @@ class NewWeights(metaclass=_NamedWithHint):
 
 
 jax.tree_util.register_dataclass(
-    NewWeights, data_fields=['codes', 'scale'], meta_fields=['like'])
+    NewWeights, data_fields=['codes', 'scale', 'applied'],
+    meta_fields=['like'])
 
 
 def is_new_weights(x: Any) -> bool:
@@ -228,9 +275,10 @@ def _weight_layout(fmt, scale_mode, block_size, rounding,
   return fmt, scale_mode, validation.check_block_size(block_size)
 
 
-def _map_chosen(params: Any, filter: Filter, fn, *,  # pylint: disable=redefined-builtin
-                require: bool = False) -> Any:
-  """``fn(index, path, leaf)`` on the float leaves ``filter`` chooses."""
+def map_chosen(params: Any, filter: Filter, fn, *,  # pylint: disable=redefined-builtin
+               require: bool = False, keep=None) -> Any:
+  """``fn(index, path, leaf)`` on the float leaves ``filter`` chooses;
+  ``keep(leaf)`` on the others (None: as they are)."""
   chosen = check_filter(filter)
   flat, treedef = jax.tree_util.tree_flatten_with_path(
       params, is_leaf=qarray_lib.is_qarray)
@@ -251,7 +299,7 @@ def _map_chosen(params: Any, filter: Filter, fn, *,  # pylint: disable=redefined
           f'{type(answer).__name__} for parameter '
           f'{state_tree.path_str(path)!r}.')
     if not bool(answer):
-      out.append(leaf)
+      out.append(leaf if keep is None else keep(leaf))
       continue
     if not state_tree.is_float_array(leaf):
       raise ValueError(
@@ -380,7 +428,7 @@ def quantize_params(
     return qarray_lib.encode_compiled(
         leaf, fmt, scale_mode=scale_mode, block_size=block_size, key=key)
 
-  return _map_chosen(params, filter, encode, require=True)
+  return map_chosen(params, filter, encode, require=True)
 
 
 def dequantize_params(params: Any, dtype: Any = None) -> Any:
@@ -425,14 +473,17 @@ def apply_updates(params: Any, updates: Any) -> Any:
 
   A quantized parameter (a [`QArray`][optax_q.QArray]) is replaced by its
   update: the new weights that [`optax_q.eco`][optax_q.eco] computed and
-  quantized, in the same layout. Plain parameters take
-  ``optax.apply_updates``'s ``p + u`` in the parameter's dtype; a tree
-  without [`QArray`][optax_q.QArray]s is passed to ``optax.apply_updates``
-  whole.
+  quantized, in the same layout. So is a bf16 parameter of
+  [`optax_q.split_weights`][optax_q.split_weights], whose update is its new
+  value bit for bit. Other plain parameters take ``optax.apply_updates``'s
+  ``p + u`` in the parameter's dtype; a tree without
+  [`QArray`][optax_q.QArray]s or new weights is passed to
+  ``optax.apply_updates`` whole.
 
   Args:
     params: The parameters.
-    updates: Updates of the same structure (from [`optax_q.eco`][optax_q.eco]).
+    updates: Updates of the same structure (from [`optax_q.eco`][optax_q.eco]
+      or [`optax_q.split_weights`][optax_q.split_weights]).
 
   Returns:
     The new parameters.
@@ -463,11 +514,12 @@ def apply_updates(params: Any, updates: Any) -> Any:
         f'where params has them); params: {p_def}, updates: {u_def}.')
   flat_p = jax.tree_util.tree_flatten_with_path(
       params, is_leaf=qarray_lib.is_qarray)[0]
-  if not any(qarray_lib.is_qarray(p) for _, p in flat_p):
-    return optax.apply_updates(params, updates)
   flat_u = jax.tree.leaves(
       updates, is_leaf=lambda x: qarray_lib.is_qarray(x) or is_new_weights(x)
       or x is None)
+  if not any(qarray_lib.is_qarray(p) for _, p in flat_p) and not any(
+      is_new_weights(u) for u in flat_u):
+    return optax.apply_updates(params, updates)
   out = []
   for (path, p), u in zip(flat_p, flat_u):
     where = state_tree.path_str(path)
@@ -479,6 +531,8 @@ def apply_updates(params: Any, updates: Any) -> Any:
             'parameters take the new weights that optax_q.eco returns '
             '(wrap the optimizer in optax_q.eco).')
       out.append(u.weights(p, where))
+    elif is_new_weights(u) and not qarray_lib.is_qarray(u.like):
+      out.append(u.weights(p, where))  # optax_q.split_weights' bf16.
     elif is_new_weights(u) or qarray_lib.is_qarray(u):
       raise ValueError(
           f'updates[{where!r}] holds new quantized weights but the '
@@ -575,4 +629,4 @@ def fake_quantize_params(
         block_size=block_size, key=key)
     return _straight_through(leaf, rounded)
 
-  return _map_chosen(params, filter, fake)
+  return map_chosen(params, filter, fake)
