@@ -336,6 +336,32 @@ def fidelity_means(rows) -> dict[str, float]:
   return out
 
 
+def by_config(rows, reference: str):
+  """``rows`` grouped by their ``config``, in order, and the mean final
+  validation loss of the ``reference`` config (None when it did not run)."""
+  by = {}
+  for r in rows:
+    by.setdefault(r['config'], []).append(r)
+  ref = by.get(reference)
+  return by, (statistics.mean(r['final_val_loss'] for r in ref)
+              if ref else None)
+
+
+def loss_fields(rows, ref_loss: float | None) -> dict[str, Any]:
+  """Mean and spread over the seeds' final validation losses, whether any
+  diverged, and the mean's difference from ``ref_loss`` in percent."""
+  losses = [r['final_val_loss'] for r in rows]
+  finite = all(np.isfinite(losses))
+  mean = statistics.mean(losses) if finite else float('nan')
+  return dict(
+      mean_loss=mean,
+      std_loss=(statistics.stdev(losses) if finite and len(losses) > 1
+                else 0.0),
+      diverged=not finite,
+      delta_pct=(100 * (mean / ref_loss - 1) if ref_loss and finite
+                 else float('nan')))
+
+
 def fidelity_fields(state: Any) -> dict[str, float]:
   """``norm_ratio`` and ``cosine`` (medians over the steps) and
   ``weight_distance`` (after the last step) of a tracked run's state."""

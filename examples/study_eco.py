@@ -232,20 +232,12 @@ def run_one(cfg: Config, run: _common.RunConfig, corpus, seed: int,
 
 
 def summarize(rows, configs):
-  by = {}
-  for r in rows:
-    by.setdefault(r['config'], []).append(r)
-  ref = by.get(REFERENCE)
-  ref_loss = statistics.mean(r['final_val_loss'] for r in ref) if ref else None
+  by, ref_loss = _common.by_config(rows, REFERENCE)
   out = []
   for cfg in configs:
     rs = by.get(cfg.name)
     if not rs:
       continue
-    losses = [r['final_val_loss'] for r in rs]
-    finite = all(np.isfinite(losses))
-    mean = statistics.mean(losses) if finite else float('nan')
-    std = statistics.stdev(losses) if finite and len(losses) > 1 else 0.0
     out.append(dict(
         config=cfg.name, weights=cfg.weight_format or 'fp32',
         master=cfg.master or cfg.weight_format is None,
@@ -253,9 +245,7 @@ def summarize(rows, configs):
         variant=('-' if cfg.master or cfg.weight_format is None
                  else cfg.variant),
         moments=f'{cfg.mu or "fp32"}/{cfg.nu or "fp32"}',
-        mean_loss=mean, std_loss=std, diverged=not finite,
-        delta_pct=(100 * (mean / ref_loss - 1) if ref_loss and finite
-                   else float('nan')),
+        **_common.loss_fields(rs, ref_loss),
         bytes_per_param=statistics.mean(r['bytes_per_param'] for r in rs),
         quantized_weight_fraction=rs[0]['quantized_weight_fraction'],
         step_ms=statistics.median(r['step_ms_median'] for r in rs),

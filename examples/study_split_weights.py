@@ -255,27 +255,20 @@ def _per_param(rows, key: str) -> float:
 
 
 def summarize(rows, configs):
-  by = {}
-  for r in rows:
-    by.setdefault(r['config'], []).append(r)
-  ref = by.get(REFERENCE)
-  ref_loss = statistics.mean(r['final_val_loss'] for r in ref) if ref else None
+  by, ref_loss = _common.by_config(rows, REFERENCE)
   out = []
   for cfg in configs:
     rs = by.get(cfg.name)
     if not rs:
       continue
     losses = [r['final_val_loss'] for r in rs]
-    finite = all(np.isfinite(losses))
-    mean = statistics.mean(losses) if finite else float('nan')
     per = functools.partial(_per_param, rs)
+    fields = _common.loss_fields(rs, ref_loss)
     out.append(dict(
-        config=cfg.name, weights=cfg.weights, mean_loss=mean,
-        std_loss=(statistics.stdev(losses) if finite and len(losses) > 1
-                  else 0.0),
-        min_loss=min(losses), max_loss=max(losses), diverged=not finite,
-        delta_pct=(100 * (mean / ref_loss - 1) if ref_loss and finite
-                   else float('nan')),
+        config=cfg.name, weights=cfg.weights, mean_loss=fields['mean_loss'],
+        std_loss=fields['std_loss'],
+        min_loss=min(losses), max_loss=max(losses),
+        diverged=fields['diverged'], delta_pct=fields['delta_pct'],
         weight_bytes_per_param=per('weight_bytes'),
         remainder_bytes_per_param=per('remainder_bytes'),
         moment_bytes_per_param=per('moment_bytes'),
