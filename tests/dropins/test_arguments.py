@@ -374,6 +374,22 @@ class GoodArgumentsTest(parameterized.TestCase):
     self.assertTrue(bool(jnp.all(jnp.isfinite(updates['w']))))
     self.assertIn('b2', state.hyperparams)
 
+  def test_hyperparameters_injected_in_bfloat16(self):
+    # inject_hyperparams casts numeric hyperparameters to the params' dtype:
+    # bfloat16 params give bfloat16 scalars, which construct (b2=0.999
+    # becomes 1.0, so the step is NaN, as in optax.adamw; the remedy is
+    # hyperparam_dtype=jnp.float32) instead of failing as not numbers.
+    params = {'w': jnp.ones((64, 256), jnp.bfloat16)}
+    state = optax.inject_hyperparams(optax_q.adamw)(
+        learning_rate=1e-3).init(params)
+    self.assertEqual(state.hyperparams['eps'].dtype, jnp.bfloat16)
+    tx = optax.inject_hyperparams(
+        optax_q.adamw, hyperparam_dtype=jnp.float32)(learning_rate=1e-3)
+    updates, _ = tx.update(params, tx.init(params), params)
+    self.assertTrue(bool(jnp.all(jnp.isfinite(updates['w']))))
+    with self.assertRaisesRegex(ValueError, 'eps must be a real number'):
+      optax_q.adamw(1e-3, eps=np.array(np.nan, jnp.bfloat16))
+
   def test_quantize_accepts_numpy_and_traced_integers(self):
     q = optax_q.quantize(_X, np.str_('int8'), rounding='stochastic',
                          block_size=np.int64(64), seed=np.uint32(2**32 - 1),

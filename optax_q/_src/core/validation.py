@@ -66,9 +66,14 @@ def bound_str(n: int) -> str:
 
 
 def scalar(value: Any) -> Any:
-  """A 0-d NumPy array as its NumPy scalar; anything else unchanged."""
+  """A 0-d NumPy array as its NumPy scalar, a floating one of a type NumPy
+  does not count as real (bfloat16, the float8 types of ``ml_dtypes``) as
+  a ``np.float32``; anything else unchanged."""
   if isinstance(value, np.ndarray) and value.ndim == 0:
-    return value[()]
+    value = value[()]
+  if (isinstance(value, np.generic) and not isinstance(value, np.floating)
+      and jnp.issubdtype(value.dtype, jnp.floating)):
+    return np.float32(value)
   return value
 
 
