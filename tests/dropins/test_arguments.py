@@ -632,6 +632,18 @@ LATER_BUILDERS: dict[str, Callable[..., Any]] = {
     'quantize_linear': lambda **kw: optax_q.quant.quantize_linear(**kw),
     'LinearQuantization': lambda **kw: optax_q.quant.LinearQuantization(
         **kw),
+    # Migration, split weights and numerics checks.
+    'from_optax': lambda **kw: optax_q.from_optax(
+        **{'optax_state': _adam_state(), 'tx': optax_q.adam(1e-3),
+           'params': {'w': jnp.zeros((8, 256))}, **kw}),
+    'split_weights': lambda **kw: optax_q.split_weights(
+        **{'inner': optax.adam(1e-3), **kw}),
+    'split_params': lambda **kw: optax_q.split_params(
+        **{'params': _P2, **kw}),
+    'master_weights': lambda **kw: optax_q.master_weights(
+        **{'params': _P2, 'state': _adam_state(), **kw}),
+    'check_numerics': lambda **kw: optax_q.check_numerics(
+        **{'params': _P2, 'learning_rate': 1e-3, **kw}),
 }
 
 
@@ -784,6 +796,24 @@ LATER_CASES: list[Case] = (
     + _later(('quantize_linear', 'LinearQuantization'),
              ['weights', 'activations'], _NOT_A_QUANTIZER)
     + _later(('quantize_linear',), ['enabled'], {'str': 'no', 'int': 2})
+    # Migration, split weights and numerics checks.
+    + _later(('from_optax',), ['optax_state'], _NOT_A_STATE)
+    + _later(('from_optax',), ['tx'],
+             {'None': None, 'int': 3, 'factory': optax.adam})
+    + _later(('from_optax',), ['count'],
+             {'str': '3', 'negative': -1, 'float': 2.5})
+    + _later(('split_weights',), ['inner'],
+             {'None': None, 'int': 3, 'factory': optax.adam})
+    + _later(('split_weights', 'split_params'), ['remainder'],
+             {'None': None, 'unknown': 'int4', 'int': 16})
+    + _later(('split_weights', 'split_params'), ['filter'],
+             {'unknown': 'dense', 'int': 3})
+    + _later(('master_weights',), ['state'], _NOT_A_TREE)
+    + _later(('check_numerics',), ['learning_rate'],
+             _without(NONNEGATIVE, 'None', 'vector'))
+    + _later(('check_numerics',), ['eps'],
+             _without(NONNEGATIVE, 'None', 'vector'))
+    + _later(('check_numerics',), ['rounding'], ROUNDING)
 )
 LATER_NAMES = [c.name for c in LATER_CASES]
 assert len(set(LATER_NAMES)) == len(LATER_NAMES), 'duplicate case names'
@@ -801,6 +831,8 @@ UNCHECKED = {
     'layer_errors': 'wraps any function; its quantization is checked when '
                     'the wrapped function runs',
     'muon': 'its rows are in the Muon block',
+    'to_optax': 'takes any pytree (a state with no optax_q nodes comes back '
+                'as it is)',
     'upgrade_checkpoint': 'takes any pytree (renames only adaptive-bits '
                           'nodes)',
 }
