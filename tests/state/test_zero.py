@@ -135,3 +135,260 @@ OPTIMIZERS = {
         1e-2, max_preconditioner_dim=32, precondition_frequency=1,
         block_size=32, min_size=0),
 }
+
+
+def _plain(tx, layout, axis_type, *, steps=2, gather=False):
+  """The step with the state sharded as its parameters only; with
+  ``gather``, instead, the ZeRO-1 run whose step gathers the state into
+  that layout first (the recipe for Explicit meshes, where Shampoo's and
+  SOAP's updates mix their statistics with parameter-shaped blocks)."""
+  mesh = _mesh(layout, axis_type)
+  params = _params(layout)
+  param_shardings = {n: NamedSharding(mesh, spec)
+                     for n, (_, spec) in layout.items()}
+  abstract = jax.eval_shape(tx.init, params)
+  plain = optax_q.state_shardings(abstract, param_shardings)
+  stored = plain
+  if gather:
+    stored = optax_q.state_shardings(abstract, param_shardings,
+                                     shard_over='data')
+
+  def step(p, state, g):
+    state = jax.sharding.reshard(state, plain)
+    p, state = helpers.step_fn(tx)(p, state, g)
+    return p, jax.sharding.reshard(state, stored)
+
+  with jax.set_mesh(mesh):
+    p = jax.device_put(params, param_shardings)
+    state = jax.jit(tx.init, out_shardings=stored)(p)
+    step = jax.jit(step if gather else helpers.step_fn(tx),
+                   in_shardings=(param_shardings, stored, param_shardings),
+                   out_shardings=(param_shardings, stored))
+    for i in range(steps):
+      p, state = step(p, state, jax.device_put(helpers.grads(i, params),
+                                               param_shardings))
+  return p, state
+
+
+def _spec_axes(x) -> set[str]:
+  return {a for entry in x.sharding.spec
+          for a in ((entry,) if isinstance(entry, str) else entry or ())}
+
+
+def _assert_close(test, got, want):
+  """Equal up to float32 rounding (the FMA exception of the docs'
+  adaptive-bits page): parameters to 1e-5, codes in all but 1% of their
+  elements, scales to 1e-4."""
+  flat_got = jax.tree_util.tree_flatten_with_path(got)[0]
+  flat_want = jax.tree.leaves(want)
+  test.assertEqual(len(flat_got), len(flat_want))
+  for (path, x), y in zip(flat_got, flat_want):
+    x, y = np.asarray(x), np.asarray(y)
+    name = jax.tree_util.keystr(path)
+    if name.endswith('.codes'):
+      test.assertLessEqual(np.mean(x != y), 0.01, name)
+    else:
+      np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+# Bit for bit against the unsharded run on this CPU; the others differ by
+# float32 rounding where XLA:CPU contracts a multiply-add into an FMA in one
+# shard shape's loop and not another's (bit for bit without FMA, with
+# --xla_cpu_max_isa=AVX, checked), and Muon with parameters sharded over
+# 'model' multiplies matrices whose contracted axes are sharded.
+BIT_EXACT = ('adamw_int8', 'adamw_fp8', 'adamw_int4', 'adam', 'lion', 'sgd')
+
+
+class ZeroTest(parameterized.TestCase):
+
+  def _check(self, name, layout, axis_type):
+    tx = OPTIMIZERS[name]()
+    p, state, shardings, _ = _run(tx, layout, axis_type)
+    if name in ('shampoo', 'soap'):
+      # The reference is the run sharded as the parameters, on the same
+      # mesh: Shampoo and SOAP on a mesh do not match the unsharded run
+      # bit for bit even without shard_over (batched eigendecompositions).
+      helpers.assert_trees_equal((p, state),
+                                 _plain(tx, layout, axis_type))
+    elif name in BIT_EXACT:
+      helpers.assert_trees_equal((p, state),
+                                 _reference(tx, _params(layout), 2))
+    else:
+      _assert_close(self, (p, state), _reference(tx, _params(layout), 2))
+    for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(shardings)):
+      self.assertTrue(x.sharding.is_equivalent_to(s, x.ndim), (x, s))
+    return state
+
+  def test_replicated_params_int4_bytes_drop_eightfold(self):
+    state = self._check('adamw_int4', ZERO, AxisType.Auto)
+    mu = state[0].inner_state.mu
+    # Whole blocks of 32 along rows (w) and along the only axis (v); the
+    # leaves nothing divides stay whole on every device.
+    self.assertEqual(mu['w'].codes.sharding.spec, P('data', None))
+    self.assertEqual(mu['w'].scale.sharding.spec, P('data', None))
+    self.assertEqual(mu['w'].codes.addressable_shards[0].data.shape,
+                     (8, 128))
+    self.assertEqual(mu['v'].codes.sharding.spec, P('data'))
+    self.assertEqual(mu['v'].scale.addressable_shards[0].data.shape, (2,))
+    self.assertEqual(mu['v'].codes.addressable_shards[0].data.shape, (32,))
+    for leaf in ('b', 'odd'):
+      self.assertEqual(_spec_axes(mu[leaf].codes), set())
+    split = [x for x in jax.tree.leaves(state) if 'data' in _spec_axes(x)]
+    whole = [x for x in jax.tree.leaves(state)
+             if 'data' not in _spec_axes(x)]
+    self.assertLen(split, 8)  # codes and scales of w and v, mu and nu.
+    total = sum(x.nbytes for x in jax.tree.leaves(state))
+    self.assertEqual(device_nbytes(state),
+                     sum(x.nbytes for x in split) // 8
+                     + sum(x.nbytes for x in whole))
+    # The target: an eighth of the state, plus the leaves no axis divides.
+    self.assertLessEqual(device_nbytes(state),
+                         total / 8 + sum(x.nbytes for x in whole))
+
+  @parameterized.named_parameters(
+      (f'{n}_{l}_{a}', n, l, a) for n in OPTIMIZERS
+      for l in ('zero', 'fsdp') for a in ('auto', 'explicit')
+      # SOAP and Shampoo: below with the gathering step on Explicit
+      # meshes; SOAP on an Auto mesh with replicated parameters is not
+      # equal to the run sharded as the parameters (see the docs).
+      if not (n in ('shampoo', 'soap') and (a == 'explicit' or (
+          n == 'soap' and l == 'zero'))))
+  @pytest.mark.slow
+  def test_every_optimizer(self, name, layout, axis_type):
+    layout = ZERO if layout == 'zero' else FSDP
+    axis_type = AxisType.Auto if axis_type == 'auto' else AxisType.Explicit
+    state = self._check(name, layout, axis_type)
+    plain = device_nbytes(_plain(OPTIMIZERS[name](), layout, axis_type)[1])
+    # Each device holds at most the state sharded as the parameters
+    # divided by the 'data' axis' size, plus the leaves no axis divides.
+    size = 8 if layout is ZERO else 4
+    whole = sum(x.addressable_shards[0].data.nbytes
+                for x in jax.tree.leaves(state)
+                if 'data' not in _spec_axes(x))
+    self.assertLessEqual(device_nbytes(state), plain / size + whole)
+    self.assertLess(device_nbytes(state), plain / 2)
+
+  @parameterized.named_parameters(
+      (f'{n}_{l}', n, l) for n in ('shampoo', 'soap')
+      for l in ('zero', 'fsdp'))
+  @pytest.mark.slow
+  def test_second_order_gathered_on_explicit_mesh(self, name, layout):
+    layout = ZERO if layout == 'zero' else FSDP
+    tx = OPTIMIZERS[name]()
+    got = _plain(tx, layout, AxisType.Explicit, gather=True)
+    helpers.assert_trees_equal(got, _plain(tx, layout, AxisType.Explicit))
+    stats = got[1][0].inner_state.stats_l['w' if layout is ZERO else 'out']
+    self.assertIn('data', _spec_axes(stats.codes))
+
+
+class RuleTest(parameterized.TestCase):
+  """Which axis takes the extra mesh axes, on abstract states."""
+
+  def _shardings(self, tx, shapes, mesh, specs=None, **kwargs):
+    params = {k: jax.ShapeDtypeStruct(s, 'float32')
+              for k, s in shapes.items()}
+    specs = specs or {}
+    return optax_q.state_shardings(
+        jax.eval_shape(tx.init, params),
+        {k: NamedSharding(mesh, specs.get(k, P())) for k in shapes},
+        **kwargs)
+
+  def test_whole_blocks_on_the_first_axis_that_divides(self):
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Explicit,))
+    shapes = {'rows': (64, 256), 'last': (3, 5, 256), 'packed': (4, 512),
+              'short': (3, 5, 128), 'odd': (3, 5, 257), 'bias': (7,),
+              's': ()}
+    out = self._shardings(_adamw('int4'), shapes, mesh, shard_over='data')
+    mu = out[0].inner_state.mu
+    specs = {k: (q.codes.spec, q.scale.spec) for k, q in mu.items()
+             if optax_q.is_qarray(q)}
+    self.assertEqual(specs['rows'], (P('data', None), P('data', None)))
+    self.assertEqual(specs['last'], (P(None, None, 'data'),) * 2)
+    # 4-bit codes: 256 bytes, 16 scales: 32 bytes and 2 blocks a device.
+    self.assertEqual(specs['packed'], (P(None, 'data'),) * 2)
+    # 4 blocks of 32 per row: 8 devices would split blocks.
+    self.assertEqual(specs['short'], (P(),) * 2)
+    self.assertEqual(specs['odd'], (P(),) * 2)
+    self.assertEqual(specs['bias'], (P(),) * 2)
+    self.assertEqual(mu['s'].spec, P())
+    self.assertEqual(out[0].count.spec, P())
+
+  def test_tensor_parallel_and_fsdp_parameters(self):
+    mesh = jax.make_mesh((4, 2), ('data', 'model'),
+                         axis_types=(AxisType.Auto,) * 2)
+    shapes = {k: s for k, (s, _) in FSDP.items()}
+    specs = {k: spec for k, (_, spec) in FSDP.items()}
+    out = self._shardings(_adamw('int8'), shapes, mesh, specs,
+                          shard_over='data')
+    mu = out[0].inner_state.mu
+    self.assertEqual(mu['qkv'].codes.spec, P('data', 'model'))  # As is.
+    self.assertEqual(mu['out'].codes.spec, P('data', 'model'))
+    self.assertEqual(mu['ln'].codes.spec, P('data'))
+    self.assertEqual(mu['b'].codes.spec, P())
+    # Two axes at once, on one buffer axis.
+    out = self._shardings(_adamw('int8'), {'w': (64, 256)}, mesh,
+                          shard_over=('data', 'model'))
+    self.assertEqual(out[0].inner_state.mu['w'].scale.spec,
+                     P(('data', 'model'), None))
+    # A parameter's own axis joins the extra one on the same buffer axis.
+    out = self._shardings(_adamw('int8'), {'v': (512,)}, mesh,
+                          {'v': P('model')}, shard_over='data')
+    self.assertEqual(out[0].inner_state.mu['v'].codes.spec,
+                     P(('model', 'data')))
+
+  def test_second_order_statistics(self):
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
+    out = self._shardings(OPTIMIZERS['shampoo'](), {'w': (64, 256)}, mesh,
+                          shard_over='data')
+    inner = out[0].inner_state
+    # The 2 x 8 grid of 32 x 32 blocks: its second axis takes 'data', for
+    # the quantized statistics and the float32 eigenvalues alike.
+    self.assertEqual(inner.stats_l['w'].codes.spec,
+                     P(None, 'data', None, None))
+    self.assertEqual(inner.stats_l['w'].scale.spec,
+                     P(None, 'data', None, None))
+    self.assertEqual(inner.eigvals_l['w'].spec, P(None, 'data', None))
+
+  def test_strict_names_what_could_not_be_split(self):
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
+    with self.assertRaisesRegex(ValueError, r"(?s)mu\['odd'\].*whole "
+                                r"blocks of 32.*'data',\) \(size 8\)"):
+      self._shardings(_adamw('int8'), {'w': (64, 256), 'odd': (3, 5, 257),
+                                       's': ()}, mesh, shard_over='data',
+                      strict=True)
+    out = self._shardings(_adamw('int8'), {'w': (64, 256), 's': ()}, mesh,
+                          shard_over='data', strict=True)
+    self.assertEqual(out[0].inner_state.mu['s'].spec, P())
+
+  @parameterized.named_parameters(
+      ('unknown', 'batch', "'batch' is not one of them"),
+      ('twice', ('data', 'data'), 'distinct axes'),
+      ('empty', (), 'a mesh axis name'),
+      ('not_a_name', 3, 'a mesh axis name'),
+      ('names_not_str', ('data', 1), 'a mesh axis name'))
+  def test_bad_shard_over(self, shard_over, message):
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
+    with self.assertRaisesRegex(ValueError, message):
+      self._shardings(_adamw('int8'), {'w': (64, 256)}, mesh,
+                      shard_over=shard_over)
+
+  @parameterized.named_parameters(('unknown', 'hbm'), ('not_a_str', 1))
+  def test_bad_memory_kind(self, memory_kind):
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
+    with self.assertRaisesRegex(ValueError, "memory_kind must be .*"
+                                "'pinned_host'"):
+      self._shardings(_adamw('int8'), {'w': (64, 256)}, mesh,
+                      memory_kind=memory_kind)
+
+  def test_memory_kind_on_every_buffer(self):
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
+    out = self._shardings(_adamw('int8'), {'w': (64, 256), 's': ()}, mesh,
+                          shard_over='data', memory_kind='pinned_host')
+    self.assertEqual({s.memory_kind for s in jax.tree.leaves(out)},
+                     {'pinned_host'})
+    self.assertEqual(out[0].inner_state.mu['w'].codes.spec,
+                     P('data', None))
+
+
+if __name__ == '__main__':
+  absltest.main()
