@@ -23,7 +23,7 @@ result, and each device holds an eighth of the state (a quarter on the
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import helpers  # noqa: E402
-import math  # noqa: E402
+import tempfile  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
@@ -36,6 +36,7 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import optax_q  # noqa: E402
+import zero_worker  # noqa: E402
 
 # Replicated parameters on the ('data',) mesh: a matrix and a vector whose
 # 32-element blocks divide by 8, and leaves that nothing divides (a (7,)
@@ -258,15 +259,21 @@ class ZeroTest(parameterized.TestCase):
     layout = ZERO if layout == 'zero' else FSDP
     axis_type = AxisType.Auto if axis_type == 'auto' else AxisType.Explicit
     state = self._check(name, layout, axis_type)
-    plain = device_nbytes(_plain(OPTIMIZERS[name](), layout, axis_type)[1])
-    # Each device holds at most the state sharded as the parameters
-    # divided by the 'data' axis' size, plus the leaves no axis divides.
+    plain = _plain(OPTIMIZERS[name](), layout, axis_type)[1]
+    # Each buffer that 'data' newly splits holds its share of the state
+    # sharded as the parameters; the others (already split over 'data',
+    # as FSDP's 'qkv', or divided by no axis) hold as much.
     size = 8 if layout is ZERO else 4
-    whole = sum(x.addressable_shards[0].data.nbytes
-                for x in jax.tree.leaves(state)
-                if 'data' not in _spec_axes(x))
-    self.assertLessEqual(device_nbytes(state), plain / size + whole)
-    self.assertLess(device_nbytes(state), plain / 2)
+    kept = 0
+    for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(plain)):
+      got = x.addressable_shards[0].data.nbytes
+      was = y.addressable_shards[0].data.nbytes
+      newly = 'data' in _spec_axes(x) and 'data' not in _spec_axes(y)
+      self.assertEqual(got * (size if newly else 1), was, x.sharding)
+      kept += 0 if newly else was
+    self.assertLessEqual(device_nbytes(state),
+                         (device_nbytes(plain) - kept) / size + kept)
+    self.assertLess(device_nbytes(state), device_nbytes(plain) / 2)
 
   @parameterized.named_parameters(
       (f'{n}_{l}', n, l) for n in ('shampoo', 'soap')
@@ -388,6 +395,30 @@ class RuleTest(parameterized.TestCase):
                      {'pinned_host'})
     self.assertEqual(out[0].inner_state.mu['w'].codes.spec,
                      P('data', None))
+
+
+class TwoProcessTest(parameterized.TestCase):
+
+  # Slow: two worker processes of two CPU devices each (about 20 s).
+  @parameterized.named_parameters(('device', None),
+                                  ('host', 'pinned_host'))
+  @pytest.mark.slow
+  def test_two_processes_equal_the_unsharded_run(self, memory_kind):
+    with tempfile.TemporaryDirectory() as tmp:
+      outs = zero_worker.launch(tmp, memory_kind=memory_kind)
+    single = zero_worker.train()
+    for out in outs:
+      self.assertEqual(out['digest'], single['digest'])
+      self.assertEqual(out['mu_spec'], "P('data', None)")
+      self.assertEqual(out['memory_kinds'], [memory_kind or 'device'])
+    # Each process holds half the state, each of the four devices a
+    # quarter (the (7,) bias, replicated, and the counters aside).
+    whole = sum(out['local_bytes'] for out in outs)
+    self.assertEqual(outs[0]['local_bytes'], outs[1]['local_bytes'])
+    self.assertLess(whole, 2 * single['state_bytes'])
+    for out in outs:
+      for n in out['device_bytes']:
+        self.assertLessEqual(n, single['state_bytes'] / 4 + 2 * (7 + 4 + 4))
 
 
 if __name__ == '__main__':
