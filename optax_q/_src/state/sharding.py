@@ -345,10 +345,10 @@ def _check_memory_kind(memory_kind, mesh) -> None:
   """Raises unless ``memory_kind`` is None or one the mesh's devices have."""
   if memory_kind is None:
     return
-  devices = getattr(mesh, 'devices', None)
-  kinds = ()
-  if devices is not None and devices.size:
-    kinds = tuple(m.kind for m in devices.flat[0].addressable_memories())
+  kinds = ()  # An AbstractMesh has no devices to ask.
+  if isinstance(mesh, jax.sharding.Mesh) and mesh.devices.size:
+    kinds = tuple(
+        m.kind for m in mesh.devices.flat[0].addressable_memories())
   if not isinstance(memory_kind, str) or (kinds and memory_kind not in kinds):
     raise ValueError(
         f'memory_kind must be None or a memory kind of the mesh\'s devices '
