@@ -72,6 +72,12 @@ class HowToTest(parameterized.TestCase):
        'bit-identical: True'),
       ('migrate_optax', ['--steps', '4'],
        'resumed bit-identical, formats included: True'),
+      # On the 8 devices of the test process; the default suite checks the
+      # same in tests/state/test_zero.py and test_offload.py.
+      ('zero_state', ['--steps', '2'],
+       "8 devices; mu codes P('data', None)"),
+      ('offload_state', ['--steps', '2'],
+       "state in ['pinned_host'] between steps"),
   )
   @pytest.mark.slow
   def test_runs_and_checks_slow(self, name, argv, expected):
@@ -122,7 +128,8 @@ class HowToTest(parameterized.TestCase):
     tested = {'nnx_checkpoint', 'linen_train_state', 'formats_and_schedules',
               'shard_state', 'memory_budget', 'master_free', 'fp_components',
               'second_order', 'model_quantization', 'shard_state_multihost',
-              'nnx_adaptive_bits', 'nnx_master_free', 'migrate_optax'}
+              'nnx_adaptive_bits', 'nnx_master_free', 'migrate_optax',
+              'zero_state', 'offload_state'}
     self.assertEqual(scripts, tested)
 
 

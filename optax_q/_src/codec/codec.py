@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -131,7 +132,8 @@ class Codec:
     return qarray.buffer_shapes(shape, self.fmt, self.scale_mode,
                                 self.block_size)
 
-  def shardings(self, shape: tuple[int, ...], sharding: NamedSharding
+  def shardings(self, shape: tuple[int, ...], sharding: NamedSharding,
+                shard_over: tuple[str, ...] = ()
                 ) -> tuple[NamedSharding, NamedSharding | None]:
     """Shardings of the codes and the scales (None: unscaled) of an array of
     logical ``shape`` whose parameter is sharded as ``sharding``.
@@ -140,6 +142,12 @@ class Codec:
     (blocks lie along the last axis, inside a row, and packed bytes hold
     neighbours along it), each axis replicated where its mesh axes do not
     divide the buffer's length there; rank-1 scales are replicated.
+
+    The mesh axes ``shard_over`` (which the parameter's spec does not use)
+    are added on one axis, the first where the codes and the scales split
+    alike, evenly, and (on the last axis, with block scales) into whole
+    blocks: ``shape[-1]`` divides by ``block_size`` times the devices
+    along that axis. Where no axis does, they are left out.
     """
     codes, scale = self.buffer_shapes(shape)
     if scale is None:
@@ -149,7 +157,22 @@ class Codec:
                                      memory_kind=sharding.memory_kind)
     else:
       scale_sharding = explicit.fit(sharding, scale)
-    return explicit.fit(sharding, codes), scale_sharding
+    codes_sharding = explicit.fit(sharding, codes)
+    if not shard_over or math.prod(codes) <= 1:
+      return codes_sharding, scale_sharding
+    buffers = [(codes_sharding, codes)]
+    if scale_sharding is not None and not self.replicated_scales:
+      buffers.append((scale_sharding, scale))
+    last = len(shape) - 1
+
+    def whole(axis, size):  # Whole blocks in each shard.
+      return (axis != last or not self.block_size
+              or shape[-1] % (size * self.block_size) == 0)
+
+    spread = explicit.spread(buffers, shard_over, whole)
+    if spread is None:
+      return codes_sharding, scale_sharding
+    return spread[0], spread[1] if len(spread) > 1 else scale_sharding
 
   def encode(self, x: jax.Array, *, key: jax.Array | None,
              dtype: Any = None, row_stride: int = 1,

@@ -54,6 +54,47 @@ def fit(sharding: NamedSharding, shape: tuple[int, ...]) -> NamedSharding:
                        memory_kind=sharding.memory_kind)
 
 
+def spec_names(entry) -> tuple[str, ...]:
+  """The mesh axis names of one ``PartitionSpec`` entry, as a tuple."""
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def spread(buffers, axes: tuple[str, ...], whole=lambda axis, size: True
+           ) -> list[NamedSharding] | None:
+  """The shardings of ``buffers`` with mesh ``axes`` added on one axis.
+
+  ``buffers`` are ``(sharding, shape)`` pairs of one rank that split
+  together (the codes and the scales of one array). The mesh ``axes`` go
+  on the first axis whose entry is the same in every buffer that is longer
+  than 1 there, whose combined mesh axes (the entry's, then ``axes``)
+  divide each such buffer's length, and where ``whole(axis, size)`` (size:
+  the devices along the combined axes) allows it; buffers of length 1
+  there keep their entry. None where no axis takes them.
+  """
+  rank = len(buffers[0][1])
+  mesh = buffers[0][0].mesh
+  for axis in range(rank):
+    live = [(tuple(s.spec) + (None,) * rank)[axis]
+            for s, shape in buffers if shape[axis] != 1]
+    if not live or len({spec_names(e) for e in live}) != 1:
+      continue
+    names = spec_names(live[0]) + tuple(axes)
+    size = axes_size(mesh, names)
+    if any(shape[axis] % size for _, shape in buffers
+           if shape[axis] != 1) or not whole(axis, size):
+      continue
+    out = []
+    for s, shape in buffers:
+      spec = list(tuple(s.spec) + (None,) * (len(shape) - len(s.spec)))
+      if shape[axis] != 1:
+        spec[axis] = names[0] if len(names) == 1 else names
+      out.append(s.update(spec=PartitionSpec(*spec)))
+    return out
+  return None
+
+
 def sharding_of(x: Any) -> NamedSharding | None:
   """The sharding in ``x``'s type, or None where it names no mesh axis."""
   try:

@@ -22,6 +22,13 @@ is replicated (or, with ``strict=True``, a ``ValueError`` says which leaf and
 which axis). On a mesh with ``Explicit`` axes, ``init`` and ``update`` give
 their state exactly these shardings.
 
+``shard_over`` splits the state further, over mesh axes the parameters do
+not use (ZeRO-1: replicated parameters, state split over the data-parallel
+axis), in whole blocks, on the first axis of each buffer that divides;
+``jax.jit``'s ``in_shardings`` and ``out_shardings`` then keep it split
+between steps. ``memory_kind`` places it in another memory between steps
+(``'pinned_host'``: host offload).
+
 ``optax.tree_utils.tree_map_params(tx, f, state)`` maps ``f`` over every
 codes and scales buffer of a quantized state, but it can't pair them with a
 tree shaped like the parameters (``tree_map_params(tx, f, state, specs)``):
@@ -35,6 +42,7 @@ from the parameters'.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, NamedTuple
 
@@ -68,22 +76,53 @@ def _report(sharding: NamedSharding, out: NamedSharding, shape, *,
           f'(size {explicit.axes_size(sharding.mesh, axes)}) do not divide')
 
 
-def _leaf_sharding(leaf, sharding, *, problems, what):
+def _unused(sharding: NamedSharding, axes: tuple[str, ...]
+            ) -> tuple[str, ...]:
+  """The mesh ``axes`` that ``sharding``'s spec does not use."""
+  used = {a for entry in sharding.spec for a in explicit.spec_names(entry)}
+  return tuple(a for a in axes if a not in used)
+
+
+def _leaf_sharding(leaf, sharding, *, problems, what, shard_over=()):
+  """The sharding of one buffer (a QArray: of its codes and scales), with
+  the mesh axes ``shard_over`` that ``sharding`` leaves free added on one
+  of its axes (``problems`` lists the buffers where none takes them)."""
   if leaf is None:
     return None
+  extra = _unused(sharding, shard_over)
   if qarray_lib.is_qarray(leaf):
-    codes, scale = leaf.codec.shardings(leaf.shape, sharding)
+    codes, scale = leaf.codec.shardings(leaf.shape, sharding, extra)
     _report(sharding, codes, leaf.codes.shape, problems=problems,
             what=f'{what} (codes)')
     if scale is not None and not leaf.codec.replicated_scales:
       _report(sharding, scale, leaf.scale.shape, problems=problems,
               what=f'{what} (scales)')
+    _report_spread(codes, leaf.codes.shape, extra, problems=problems,
+                   what=what, block_size=leaf.codec.block_size)
     return dataclasses.replace(leaf, codes=codes, scale=scale)
   if hasattr(leaf, 'shape'):
     out = explicit.fit(sharding, leaf.shape)
     _report(sharding, out, leaf.shape, problems=problems, what=what)
+    if extra and math.prod(leaf.shape) > 1:
+      out = (explicit.spread([(out, leaf.shape)], extra) or [out])[0]
+      _report_spread(out, leaf.shape, extra, problems=problems, what=what)
     return out
   return leaf  # MaskedNode and other empty nodes.
+
+
+def _report_spread(out: NamedSharding, shape, axes: tuple[str, ...], *,
+                   problems: list[str] | None, what: str,
+                   block_size: int = 0):
+  """Adds to ``problems`` a buffer of more than one element that ``out``
+  does not shard over the mesh ``axes``."""
+  if problems is None or not axes or math.prod(shape) <= 1 or not _unused(
+      out, axes):
+    return
+  blocks = f' in whole blocks of {block_size}' if block_size else ''
+  problems.append(
+      f'{what}: no axis of its {list(shape)} buffer divides evenly{blocks} '
+      f'over mesh axes {axes!r} (size {explicit.axes_size(out.mesh, axes)})'
+      f' on top of the parameter\'s spec')
 
 
 def _is_buffer(x) -> bool:
@@ -140,6 +179,8 @@ def state_shardings(
     param_shardings: Any,
     *,
     strict: bool = False,
+    shard_over: str | tuple[str, ...] | None = None,
+    memory_kind: str | None = None,
 ) -> Any:
   """``NamedSharding``s for every buffer of ``state``, from the params'.
 
@@ -178,6 +219,27 @@ def state_shardings(
       library passes on a layout whose sharded axes divide. Axes of length
       1 are not counted: a Shampoo/SOAP grid of one block is replicated
       without an error (a smaller ``max_preconditioner_dim`` shards it).
+      With ``shard_over``, also each buffer of more than one element that
+      no axis lets the extra mesh axes split.
+    shard_over: None, or a mesh axis name (or a tuple of them) to split
+      every per-parameter state buffer over as well, the parameter's
+      sharding aside: ZeRO-1 over a data-parallel axis that replicated
+      parameters do not use, or on top of tensor-parallel shardings. The
+      extra axes go on one axis of each buffer: the first whose length
+      they (combined with the mesh axes the parameter already shards it
+      over) divide evenly, codes and scales of a QArray on the same axis,
+      and on the blocks' axis (the last) only whole blocks per device
+      (its length divides by ``block_size`` times the devices there).
+      A buffer that no axis divides (a ``(7,)`` bias, a single block) is
+      left as its parameter has it: this JAX version rejects uneven
+      shardings. A parameter whose spec already uses one of the axes
+      (FSDP: sharded over ``'data'`` itself) is not split over that axis
+      again. Replicated state (step counters, telemetry) stays replicated.
+    memory_kind: None, or the memory every state buffer is placed in
+      between steps, one of the mesh devices' memory kinds (e.g.
+      ``'pinned_host'`` to offload the state to host memory; the step then
+      moves it to the device with ``jax.device_put`` to the shardings this
+      function gives without ``memory_kind``).
 
   Returns:
     A tree like ``state`` (QArrays included) with ``NamedSharding`` leaves,
@@ -188,8 +250,9 @@ def state_shardings(
     ValueError: ``param_shardings`` is not a non-empty tree of
       ``NamedSharding`` on one mesh; or no subtree of ``state`` is laid out
       like it although ``state`` holds buffers (the tree does not match the
-      parameters); ``strict`` is not a bool; or, with ``strict``, as
-      described above.
+      parameters); ``strict`` is not a bool; ``shard_over`` names no axis
+      of the mesh, or one twice; ``memory_kind`` is not a memory kind of
+      the mesh's devices; or, with ``strict``, as described above.
 
   Examples:
     >>> import jax, jax.numpy as jnp, optax_q
@@ -202,12 +265,24 @@ def state_shardings(
     ...     abstract, {'w': NamedSharding(mesh, P(None, 'model'))})
     >>> shardings[0].inner_state.mu['w'].scale.spec
     P(None, 'model')
+
+    ZeRO-1: parameters replicated, the state split over ``'data'`` too:
+
+    >>> mesh = jax.make_mesh((1, 1), ('data', 'model'))
+    >>> shardings = optax_q.state_shardings(
+    ...     abstract, {'w': NamedSharding(mesh, P(None, 'model'))},
+    ...     shard_over='data')
+    >>> shardings[0].inner_state.mu['w'].codes.spec
+    P('data', 'model')
   """
   flat = _check_param_shardings(param_shardings)
+  mesh = flat[0][1].mesh
   ctx = _Context(
       jax.tree.structure(param_shardings), [s for _, s in flat],
       [jax.tree_util.keystr(p) for p, _ in flat],
-      [] if validation.check_bool(strict, 'strict') else None, [], [])
+      [] if validation.check_bool(strict, 'strict') else None, [], [],
+      _check_shard_over(shard_over, mesh))
+  _check_memory_kind(memory_kind, mesh)
   out = _visit(state, '', ctx)
   if ctx.stray and not ctx.matched:
     # Buffers, but no subtree laid out like the parameters.
@@ -236,8 +311,48 @@ def state_shardings(
         'mesh axes (4-bit codes: half the axis must divide). For a buffer '
         'outside the parameters\' subtrees: pass the shardings of the '
         'parameters the state was initialised from. Or pass strict=False to '
-        'replicate them.')
+        'replicate them (with shard_over: to keep them as their parameters '
+        'have them).')
+  if memory_kind is not None:
+    out = jax.tree.map(lambda s: s.with_memory_kind(memory_kind), out)
   return out
+
+
+def _check_shard_over(shard_over, mesh) -> tuple[str, ...]:
+  """``shard_over`` as a tuple of the mesh's axis names (() for None)."""
+  if shard_over is None:
+    return ()
+  axes = (shard_over,) if isinstance(shard_over, str) else shard_over
+  try:
+    axes = tuple(axes)
+  except TypeError:
+    axes = None
+  names = tuple(mesh.axis_names)
+  if not axes or not all(isinstance(a, str) for a in axes):
+    raise ValueError(
+        'shard_over must be None, a mesh axis name or a tuple of them, got '
+        f'{validation.short(shard_over)}; the mesh has axes {names}.')
+  unknown = [a for a in axes if a not in names]
+  if unknown or len(set(axes)) != len(axes):
+    raise ValueError(
+        f'shard_over={shard_over!r} must name distinct axes of the '
+        f'parameters\' mesh, which has axes {names}'
+        + (f'; {unknown[0]!r} is not one of them.' if unknown else '.'))
+  return axes
+
+
+def _check_memory_kind(memory_kind, mesh) -> None:
+  """Raises unless ``memory_kind`` is None or one the mesh's devices have."""
+  if memory_kind is None:
+    return
+  kinds = ()  # An AbstractMesh has no devices to ask.
+  if isinstance(mesh, jax.sharding.Mesh) and mesh.devices.size:
+    kinds = tuple(
+        m.kind for m in mesh.devices.flat[0].addressable_memories())
+  if not isinstance(memory_kind, str) or (kinds and memory_kind not in kinds):
+    raise ValueError(
+        f'memory_kind must be None or a memory kind of the mesh\'s devices '
+        f'{kinds}, got {validation.short(memory_kind)}.')
 
 
 class _Context(NamedTuple):
@@ -249,6 +364,7 @@ class _Context(NamedTuple):
   problems: list[str] | None  # Strict mode: what can't be placed.
   matched: list[str]  # Paths of the subtrees laid out like the parameters.
   stray: list[tuple[str, Any]]  # (path, leaf) of buffers outside them.
+  shard_over: tuple[str, ...] = ()  # Mesh axes added to each buffer.
 
   @property
   def single(self) -> bool:
@@ -267,7 +383,7 @@ def _visit(  # pylint: disable=too-many-return-statements
   if ctx.single and _is_leaf(node):
     ctx.matched.append(path)
     return _leaf_sharding(node, ctx.shardings[0], problems=ctx.problems,
-                          what=f'state{path}')
+                          what=f'state{path}', shard_over=ctx.shard_over)
   # A subtree laid out like the parameters (one slot per parameter, and
   # buffers in the slots) takes their shardings, slot by slot: each buffer
   # or QArray of a slot (a leaf or a subtree) takes its parameter's.
@@ -288,7 +404,8 @@ def _visit(  # pylint: disable=too-many-return-statements
           slot, is_leaf=qarray_lib.is_qarray)
       out.append(slot_def.unflatten([
           _leaf_sharding(x, sharding, problems=ctx.problems,
-                         what=f'state{path}{name}' + jax.tree_util.keystr(p))
+                         what=f'state{path}{name}' + jax.tree_util.keystr(p),
+                         shard_over=ctx.shard_over)
           for p, x in flat]))
     return ctx.param_def.unflatten(out)
   rep = NamedSharding(ctx.shardings[0].mesh, PartitionSpec())
