@@ -155,23 +155,27 @@ def worker(process_id, num_processes, port, out):
     jax.distributed.shutdown()
 
 
-def launch(out, num_processes=2, timeout=240):
-  """Runs the workers; returns their results in process order."""
+def launch(out, num_processes=2, timeout=240, *, script=__file__,
+           local_devices=1, args=()):
+  """Runs ``num_processes`` copies of ``script`` (this worker, or another
+  with the same flags), each on ``local_devices`` CPU devices, with
+  ``args`` added to their flags; returns their results in process order."""
   port = multiprocess_demo.free_port()
   repo = pathlib.Path(__file__).resolve().parent.parent
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=1')
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=(
+      f'--xla_force_host_platform_device_count={local_devices}'))
   env['PYTHONPATH'] = os.pathsep.join(
-      [str(repo)] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+      [str(repo), str(repo / 'tests')]
+      + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
   logs = [pathlib.Path(out, f'worker{i}.log') for i in range(num_processes)]
   procs = []
   try:
     for i, log in enumerate(logs):
       with log.open('w') as f:
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), '--process-id',
+            [sys.executable, os.path.abspath(script), '--process-id',
              str(i), '--num-processes', str(num_processes), '--port',
-             str(port), '--out', os.fspath(out)],
+             str(port), '--out', os.fspath(out), *args],
             env=env, cwd=repo, stdout=f, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in procs):

@@ -25,18 +25,12 @@ worker::
 
 import argparse
 import json
-import os
 import pathlib
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
-import optax
 
 import adaptive_worker
-from models import multiprocess_demo
 
 STEPS = 3
 LOCAL_DEVICES = 2
@@ -124,39 +118,10 @@ def worker(process_id, num_processes, port, out, memory_kind):
 
 def launch(out, num_processes=2, timeout=240, memory_kind=None):
   """Runs the workers; returns their results in process order."""
-  port = multiprocess_demo.free_port()
-  repo = pathlib.Path(__file__).resolve().parent.parent
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=(
-      f'--xla_force_host_platform_device_count={LOCAL_DEVICES}'))
-  env['PYTHONPATH'] = os.pathsep.join(
-      [str(repo), str(repo / 'tests')]
-      + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
-  logs = [pathlib.Path(out, f'worker{i}.log') for i in range(num_processes)]
-  extra = ['--memory-kind', memory_kind] if memory_kind else []
-  procs = []
-  try:
-    for i, log in enumerate(logs):
-      with log.open('w') as f:
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), '--process-id',
-             str(i), '--num-processes', str(num_processes), '--port',
-             str(port), '--out', os.fspath(out)] + extra,
-            env=env, cwd=repo, stdout=f, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in procs):
-      if time.monotonic() > deadline or any(p.poll() for p in procs):
-        break
-      time.sleep(0.1)
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-      p.wait()
-  if any(p.returncode for p in procs):
-    raise RuntimeError('worker failed:\n' + '\n----\n'.join(
-        f'{log}:\n{log.read_text()[-4000:]}' for log in logs))
-  return [json.loads(pathlib.Path(out, f'worker{i}.json').read_text())
-          for i in range(num_processes)]
+  return adaptive_worker.launch(
+      out, num_processes, timeout, script=__file__,
+      local_devices=LOCAL_DEVICES,
+      args=['--memory-kind', memory_kind] if memory_kind else [])
 
 
 if __name__ == '__main__':
