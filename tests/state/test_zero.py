@@ -398,6 +398,27 @@ class RuleTest(parameterized.TestCase):
                      P('data', None))
 
 
+class RelayoutTest(absltest.TestCase):
+
+  def test_relayout_keeps_the_state_split(self):
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
+    params = {'w': np.zeros((64, 256), np.float32)}
+    ps = {'w': NamedSharding(mesh, P())}
+    tx = optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0)
+    state = jax.device_put(tx.init(params), optax_q.state_shardings(
+        jax.eval_shape(tx.init, params), ps, shard_over='data'))
+    layout = dict(optax_q.bit_layout(state))
+    layout['inner_state/inner_state/mu/w'] = 'int8_dynamic/block'
+    new = optax_q.relayout(state, layout, param_shardings=ps,
+                           shard_over='data')
+    mu = new.inner_state.inner_state.mu['w']
+    self.assertEqual(mu.fmt.name, 'int8_dynamic')
+    self.assertEqual(mu.codes.sharding.spec, P('data', None))
+    self.assertEqual(mu.scale.sharding.spec, P('data', None))
+    with self.assertRaisesRegex(ValueError, 'param_shardings'):
+      optax_q.relayout(state, layout, shard_over='data')
+
+
 class TwoProcessTest(parameterized.TestCase):
 
   # Slow: two worker processes of two CPU devices each (about 20 s).

@@ -909,7 +909,8 @@ def _map_adaptive(fn: Callable[[AdaptiveBitsState, str], Any], state: Any):
 
 
 def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
-             step: int | None = None, param_shardings: Any = None) -> Any:
+             step: int | None = None, param_shardings: Any = None,
+             shard_over: Any = None, memory_kind: str | None = None) -> Any:
   """Re-encodes the adapted leaves whose committed format changed.
 
   Call it between steps, outside ``jax.jit`` (the new state has a new
@@ -945,6 +946,13 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
       buffers are then placed as [`state_shardings`][optax_q.state_shardings]
       lays them out (without it they keep the placement XLA gives the
       re-encoding).
+    shard_over: With ``param_shardings``: the mesh axis (or axes) the state
+      is also split over, as ``state_shardings(..., shard_over=...)``
+      places it (ZeRO-1); without it, a state split over a data axis would
+      be placed like its parameters again.
+    memory_kind: With ``param_shardings``: the memory the new buffers are
+      placed in, as ``state_shardings(..., memory_kind=...)`` (a state
+      offloaded to ``'pinned_host'`` stays there).
 
   Returns:
     The state with every adapted leaf in its committed (or given) format;
@@ -975,6 +983,12 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
   if layout is not None and not isinstance(layout, Mapping):
     raise ValueError('layout must be a dict {path: "format/scale_mode"} as '
                      f'bit_layout returns, got {validation.short(layout)}.')
+  if param_shardings is None and (shard_over is not None
+                                  or memory_kind is not None):
+    raise ValueError(
+        'shard_over and memory_kind place the new buffers as '
+        'state_shardings does, from the parameters\' shardings: pass '
+        'param_shardings too.')
   if layout is not None:
     layout = _upgrade_layout(state, layout)
     unknown = sorted(set(layout) - set(bit_layout(state)))
@@ -1043,7 +1057,8 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
   if not any(changed):
     return state  # Nothing to re-encode: the same state, not a copy.
   if param_shardings is not None:
-    shardings = sharding_lib.state_shardings(new, param_shardings)
+    shardings = sharding_lib.state_shardings(
+        new, param_shardings, shard_over=shard_over, memory_kind=memory_kind)
     new = jax.tree.map(
         lambda x, s: x if isinstance(x, jax.ShapeDtypeStruct) or (
             getattr(x, 'sharding', None) == s) else jax.device_put(x, s),
