@@ -450,13 +450,41 @@ def roofline_summary() -> str:
   return text
 
 
+def offload_summary() -> str:
+  """The performance page's host offload: steps side by side, PCIe bytes."""
+  result = _load('bench_offload')
+  rows = {r['config']: r for r in result['rows']}
+  states = [c.rsplit(', ', 1)[0] for c in rows if c.endswith('on device')]
+  per_s = result['pcie_gen5_x16_bytes_per_s']
+  lines = ['| state | state bytes | moved per step (in + out) | on device | '
+           'offloaded | PCIe gen5 x16, per direction | the same for 1B '
+           'params |', '|---|---:|---:|---:|---:|---:|---:|']
+  for state in states:
+    on, off = rows[f'{state}, on device'], rows[f'{state}, offloaded']
+    per_param = off['state_bytes'] / result['params']
+    lines.append(
+        f"| {state} | {off['state_bytes'] / 1e6:.1f} MB | "
+        f"{off['bytes_moved_per_step'] / 1e6:.1f} MB | {_ms(on)} | "
+        f"{_ms(off)} | {off['pcie_gen5_x16_ms_per_direction']:.2f} ms | "
+        f"{1e3 * per_param * 1e9 / per_s:.1f} ms |")
+  return (
+      f"From `{result['command']}` (revision {result['git_revision']}, "
+      f"{result['date'][:10]}, {result['machine']}): AdamW on the bench's "
+      f"transformer tree at d={result['d']} and {result['layers']} layers "
+      f"({result['params'] / 1e6:.2f}M parameters), medians of "
+      f"{on['steps']} steps taken round-robin over {result['rounds']} "
+      "rounds. The PCIe columns divide the bytes by "
+      f"{per_s / 1e9:.0f} GB/s ({result['pcie_note']}).\n\n"
+      + '\n'.join(lines) + '\n')
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     f.__name__: f for f in (step_cost_summary, step_cost_table, gpu_summary,
                             peers_step_table, precision_summary,
                             eco_summary, lowbit_quality_table,
                             fidelity_recommendations, lowbit_table,
                             leafwise_summary, positive_floor_effect,
-                            roofline_summary)
+                            roofline_summary, offload_summary)
 }
 
 
