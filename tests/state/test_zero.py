@@ -138,33 +138,20 @@ OPTIMIZERS = {
 }
 
 
-def _plain(tx, layout, axis_type, *, steps=2, gather=False):
-  """The step with the state sharded as its parameters only; with
-  ``gather``, instead, the ZeRO-1 run whose step gathers the state into
-  that layout first (the recipe for Explicit meshes, where Shampoo's and
-  SOAP's updates mix their statistics with parameter-shaped blocks)."""
+def _plain(tx, layout, axis_type, *, steps=2):
+  """The step with the state sharded as its parameters only."""
   mesh = _mesh(layout, axis_type)
   params = _params(layout)
   param_shardings = {n: NamedSharding(mesh, spec)
                      for n, (_, spec) in layout.items()}
-  abstract = jax.eval_shape(tx.init, params)
-  plain = optax_q.state_shardings(abstract, param_shardings)
-  stored = plain
-  if gather:
-    stored = optax_q.state_shardings(abstract, param_shardings,
-                                     shard_over='data')
-
-  def step(p, state, g):
-    state = jax.sharding.reshard(state, plain)
-    p, state = helpers.step_fn(tx)(p, state, g)
-    return p, jax.sharding.reshard(state, stored)
-
+  plain = optax_q.state_shardings(jax.eval_shape(tx.init, params),
+                                  param_shardings)
   with jax.set_mesh(mesh):
     p = jax.device_put(params, param_shardings)
-    state = jax.jit(tx.init, out_shardings=stored)(p)
-    step = jax.jit(step if gather else helpers.step_fn(tx),
-                   in_shardings=(param_shardings, stored, param_shardings),
-                   out_shardings=(param_shardings, stored))
+    state = jax.jit(tx.init, out_shardings=plain)(p)
+    step = jax.jit(helpers.step_fn(tx),
+                   in_shardings=(param_shardings, plain, param_shardings),
+                   out_shardings=(param_shardings, plain))
     for i in range(steps):
       p, state = step(p, state, jax.device_put(helpers.grads(i, params),
                                                param_shardings))
@@ -186,7 +173,7 @@ def _assert_close(test, got, want):
   for (path, x), y in zip(flat_got, flat_want):
     x, y = np.asarray(x), np.asarray(y)
     name = jax.tree_util.keystr(path)
-    if name.endswith('.codes'):
+    if '.codes' in name:  # The key string goes on with the layout.
       test.assertLessEqual(np.mean(x != y), 0.01, name)
     else:
       np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6, err_msg=name)
@@ -209,8 +196,13 @@ class ZeroTest(parameterized.TestCase):
       # The reference is the run sharded as the parameters, on the same
       # mesh: Shampoo and SOAP on a mesh do not match the unsharded run
       # bit for bit even without shard_over (batched eigendecompositions).
-      helpers.assert_trees_equal((p, state),
-                                 _plain(tx, layout, axis_type))
+      # On an Explicit mesh the step fuses differently (float32 rounding,
+      # the FMA exception).
+      want = _plain(tx, layout, axis_type)
+      if axis_type == AxisType.Explicit:
+        _assert_close(self, (p, state), want)
+      else:
+        helpers.assert_trees_equal((p, state), want)
     elif name in BIT_EXACT:
       helpers.assert_trees_equal((p, state),
                                  _reference(tx, _params(layout), 2))
@@ -249,12 +241,10 @@ class ZeroTest(parameterized.TestCase):
   @parameterized.named_parameters(
       (f'{n}_{l}_{a}', n, l, a) for n in OPTIMIZERS
       for l in ('zero', 'fsdp') for a in ('auto', 'explicit')
-      # SOAP and Shampoo: below with the gathering step on Explicit
-      # meshes; on an Auto mesh with replicated parameters they differ from
-      # the run sharded as the parameters by float32 rounding that the
+      # SOAP and Shampoo with replicated parameters differ from the run
+      # sharded as the parameters by float32 rounding that the
       # eigendecomposition amplifies (see the docs).
-      if not (n in ('shampoo', 'soap') and 'explicit' in (a, l)
-              or n in ('shampoo', 'soap') and l == 'zero'))
+      if not (n in ('shampoo', 'soap') and l == 'zero'))
   @pytest.mark.slow
   def test_every_optimizer(self, name, layout, axis_type):
     layout = ZERO if layout == 'zero' else FSDP
@@ -275,18 +265,6 @@ class ZeroTest(parameterized.TestCase):
     self.assertLessEqual(device_nbytes(state),
                          (device_nbytes(plain) - kept) / size + kept)
     self.assertLess(device_nbytes(state), device_nbytes(plain) / 2)
-
-  @parameterized.named_parameters(
-      (f'{n}_{l}', n, l) for n in ('shampoo', 'soap')
-      for l in ('zero', 'fsdp'))
-  @pytest.mark.slow
-  def test_second_order_gathered_on_explicit_mesh(self, name, layout):
-    layout = ZERO if layout == 'zero' else FSDP
-    tx = OPTIMIZERS[name]()
-    got = _plain(tx, layout, AxisType.Explicit, gather=True)
-    helpers.assert_trees_equal(got, _plain(tx, layout, AxisType.Explicit))
-    stats = got[1][0].inner_state.stats_l['w' if layout is ZERO else 'out']
-    self.assertIn('data', _spec_axes(stats.codes))
 
 
 class RuleTest(parameterized.TestCase):

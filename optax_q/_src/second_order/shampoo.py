@@ -142,8 +142,11 @@ def _matrix(cfg: pc.Settings, grafting: str, refresh, age_stats, g, mu_hat,
   """One parameter of rank >= 2: its direction and new per-block state."""
   lay = pc.layout(g.shape, cfg.max_dim)
   blocks = pc.to_blocks(g, lay)
+  # The moments' blocks on the gradient's grid: a state split over a mesh
+  # axis the parameter does not use (ZeRO-1) decodes split over it too.
   out = _blocked(cfg, grafting, refresh, age_stats, lay, blocks,
-                 pc.to_blocks(mu_hat, lay), pc.to_blocks(target, lay),
+                 *pc.aligned(blocks, pc.to_blocks(mu_hat, lay),
+                             pc.to_blocks(target, lay)),
                  *pc.aligned(blocks, *state))
   return (pc.from_blocks(out[0], lay, g),
           *pc.restored(list(out[1:]), list(state)))
