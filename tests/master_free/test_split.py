@@ -135,6 +135,17 @@ class SplitTest(parameterized.TestCase):
         np.abs(back[big] - x[big]), 2.0**119 * (1 + 2.0**-20))
     self.assertGreater(below.mean(), 0.99)
 
+  def test_overflow_threshold_as_documented(self):
+    # Exact below 2**128 - 2**119 (3.3961775e38), not at it; float32's
+    # largest is 2**119 off, a little over 2**-9 relative.
+    x = _from_bits([0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF])
+    _, _, back = _round_trip(jnp.asarray(x))
+    self.assertEqual(float(x[1]), 2.0**128 - 2.0**119)
+    self.assertEqual(helpers.bits(back)[0], 0x7F7F7FFF)
+    self.assertNotEqual(helpers.bits(back)[1], 0x7F7F8000)
+    self.assertLess(float(x[1]), 3.3962e38)
+    self.assertEqual(float(x[2]) - float(back[2]), 2.0**119)
+
   def test_edges(self):
     bits = [
         0x00000000, 0x80000000,  # +-0

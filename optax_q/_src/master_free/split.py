@@ -83,9 +83,9 @@ def split(x: jax.Array, bits: int = 16) -> tuple[jax.Array, jax.Array]:
   and ``lo = (m - hi's) / 2**(16 - bits)``, which lies in
   ``[-2**(bits-1), 2**(bits-1))``. Finite values beyond bf16's largest
   finite plus half its last place keep ``hi`` finite (bf16's max) and
-  saturate ``lo`` (the master then off by under 2**-9 relative with
-  int16, 2**-9 + 2**-16 with int8); infinities split into themselves and
-  0; NaN into bf16's quiet NaN and 0.
+  saturate ``lo`` (the master then off by at most 2**119, about 2**-9
+  relative, with int16, under 2**-9 + 2**-16 relative with int8);
+  infinities split into themselves and 0; NaN into bf16's quiet NaN and 0.
   """
   drop = 16 - bits
   u = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
@@ -304,10 +304,11 @@ def split_weights(
   back to `m(\mathrm{hi})`. `hi` is bf16's nearest value to the master
   (ties away from zero, where round-to-nearest-even would need one more
   remainder value than int16 holds), so every float32 of magnitude below
-  `3.3962 \cdot 10^{38}` (bf16's largest finite plus half its last place),
+  `2^{128} - 2^{119} \approx 3.39618 \cdot 10^{38}` (bf16's largest
+  finite plus half its last place),
   zeros of either sign, subnormals and infinities come back bit for bit
   with int16; larger finite values keep `hi` at bf16's largest finite and
-  are off by at most `2^{119}` (under `2^{-9}` relative); NaN stays NaN.
+  are off by at most `2^{119}` (about `2^{-9}` relative); NaN stays NaN.
   With int8 the master is `x` rounded to 16 significant bits:
   `|x - \hat x| \le 2^{-16} |x|` for normal `x`.
 
