@@ -285,7 +285,11 @@ def _floor_of_unscaled(path: str, leaf: Any, eps: float, fmt: Format,
   if _has_values(leaf):
     v = (qarray_lib.decode(leaf) if qarray_lib.is_qarray(leaf)
          else jnp.asarray(leaf).astype(jnp.float32))
-    fraction = float(jnp.mean((v > 0) & (v <= floor)))
+    # Compared as bit patterns (ordered as the values for v >= 0): bf16's
+    # floor is a float32 subnormal, which devices may compare as zero.
+    bits = jax.lax.bitcast_convert_type(v, jnp.uint32)
+    top = np.float32(floor).view(np.uint32)
+    fraction = float(jnp.mean((bits > 0) & (bits <= top)))
   share = ('' if math.isnan(fraction) else
            f'; {fraction:.1%} of the elements are stored at or below it')
   return NumericsFinding(
