@@ -486,6 +486,15 @@ class SplitWeightsErrorsTest(parameterized.TestCase):
                            filter=lambda path, leaf: True)
     with self.assertRaisesRegex(ValueError, 'exactly one'):
       optax_q.master_weights(params, optax.sgd(1e-3).init(params))
+    # A remainder cast to another dtype (uint16 would read -1 as 65535).
+    bf16 = optax_q.split_params(params)
+    for dtype in (jnp.uint16, jnp.int32, jnp.float32):
+      cast = state._replace(remainder={'w': state.remainder['w'].astype(
+          dtype)})
+      with self.assertRaisesRegex(ValueError, "'w'.*int16 or int8"):
+        tx.update(grads, cast, bf16)
+      with self.assertRaisesRegex(ValueError, "'w'.*int16 or int8"):
+        optax_q.master_weights(bf16, cast)
 
   def test_wrong_apply_fails_loudly(self):
     tx = optax_q.split_weights(optax.sgd(1e-3))

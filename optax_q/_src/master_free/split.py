@@ -218,6 +218,12 @@ def _masters(params, state: SplitWeightsState, where: str) -> tuple:
     if r is None:
       masters.append(p)
       continue
+    if jnp.dtype(r.dtype) not in (jnp.dtype(jnp.int16), jnp.dtype(jnp.int8)):
+      raise ValueError(
+          f'{where}: the remainder of parameter '
+          f'{state_tree.path_str(path)!r} is {r.dtype}, not int16 or int8 '
+          '(the state of split_weights, restored or cast to another '
+          'dtype).')
     if not state_tree.is_float_array(p) or (
         jnp.dtype(p.dtype) != jnp.bfloat16 or p.shape != r.shape):
       raise ValueError(
@@ -344,8 +350,9 @@ def split_weights(
   Raises:
     ValueError: at construction, naming the argument: ``inner`` not a
       transform, ``remainder`` not ``'int16'`` or ``'int8'``, ``filter`` not
-      one of its names or a callable. In ``update``: no ``params``, or a
-      split parameter that is not bf16 of its remainder's shape.
+      one of its names or a callable. In ``update``: no ``params``, a
+      split parameter that is not bf16 of its remainder's shape, or a
+      remainder that is not int16 or int8.
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
