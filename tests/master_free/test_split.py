@@ -347,6 +347,18 @@ class SplitWeightsTest(parameterized.TestCase):
     helpers.assert_bits_equal(masters, want)
     self.assertEqual(p['w'].dtype, jnp.bfloat16)
 
+  def test_none_leaves_in_params(self):
+    # None leaves (no parameter) sit in params and updates alike.
+    params = {'n': None, 'w': jnp.array([1.0, -2.0])}
+    tx = optax_q.split_weights(optax.sgd(2.0**-4))
+    state = tx.init(params)
+    p = optax_q.split_params(params)
+    updates, state = tx.update({'n': None, 'w': jnp.ones(2)}, state, p)
+    p = optax_q.apply_updates(p, updates)
+    self.assertIsNone(p['n'])
+    np.testing.assert_array_equal(
+        np.asarray(optax_q.master_weights(p, state)['w']), [0.9375, -2.0625])
+
   def test_bf16_params_at_init_start_from_zero_remainder(self):
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16),
                           {'w': _small_params()['fc']['kernel']})
