@@ -260,6 +260,12 @@ class EpsTest(absltest.TestCase):
                       warn=False)
     self.assertEqual([f.kind for f in found], ['eps_underflow', 'nu_floor'])
     self.assertTrue(math.isnan(found[1].fraction))
+    # An abstract injected learning rate holds no value: eps is still
+    # checked.
+    injected = jax.eval_shape(
+        optax.inject_hyperparams(optax.adam)(1e-3).init, abstract)
+    found, _ = _check(abstract, injected, eps=1e-8, warn=False)
+    self.assertEqual([f.kind for f in found], ['eps_underflow', 'nu_floor'])
     tx = optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(
         learning_rate=1e-2, eps=1e-8)
     found, _ = _check(params, tx.init(params), warn=False)

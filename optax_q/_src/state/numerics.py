@@ -338,7 +338,9 @@ def _injected(state: Any, name: str) -> Any:
     return isinstance(getattr(x, 'hyperparams', None), dict)
   for node in jax.tree.leaves(state, is_leaf=has):
     if has(node) and name in node.hyperparams:
-      return node.hyperparams[name]
+      value = node.hyperparams[name]
+      # An abstract state (jax.eval_shape) holds no value to check.
+      return None if isinstance(value, jax.ShapeDtypeStruct) else value
   return None
 
 
@@ -556,7 +558,8 @@ def check_numerics(
       ``optax.inject_hyperparams`` state supplies ``learning_rate`` and
       ``eps`` where they are not given, and its ``count`` the step of a
       schedule. ``jax.eval_shape(tx.init, params)`` works for the checks
-      that need no values.
+      that need no values (its injected hyperparameters, abstract, are
+      not read).
     learning_rate: A non-negative float, a scalar array, or an Optax
       schedule (evaluated at ``step``); None: read from ``state``, or the
       learning-rate check is skipped. 0 skips it.
