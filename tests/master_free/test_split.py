@@ -347,6 +347,22 @@ class SplitWeightsTest(parameterized.TestCase):
     helpers.assert_bits_equal(masters, want)
     self.assertEqual(p['w'].dtype, jnp.bfloat16)
 
+  def test_masked_and_multi_transform_around(self):
+    # Leaves outside the mask hold a MaskedNode, not a remainder.
+    params = {'a': jnp.full((2, 3), 1.0 + 2.0**-12), 'b': jnp.ones(3)}
+    split = optax_q.split_weights(optax.sgd(2.0**-4))
+    for tx in (optax.masked(split, {'a': True, 'b': False}),
+               optax.multi_transform({'s': split, 'p': optax.sgd(1.0)},
+                                     {'a': 's', 'b': 'p'})):
+      state = tx.init(params)
+      p = optax_q.split_params(params, filter=lambda path, leaf: leaf.ndim > 1)
+      updates, state = tx.update(jax.tree.map(jnp.ones_like, params), state,
+                                 p)
+      p = optax_q.apply_updates(p, updates)
+      masters = optax_q.master_weights(p, state)
+      self.assertEqual(float(masters['a'][0, 0]), 1.0 + 2.0**-12 - 2.0**-4)
+      self.assertIs(masters['b'], p['b'])
+
   def test_none_leaves_in_params(self):
     # None leaves (no parameter) sit in params and updates alike.
     params = {'n': None, 'w': jnp.array([1.0, -2.0])}

@@ -215,7 +215,8 @@ def _masters(params, state: SplitWeightsState, where: str) -> tuple:
   paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(
       params)[0]]
   for path, p, r in zip(paths, flat_p, flat_r):
-    if r is None:
+    # optax.masked puts a MaskedNode where its mask is False.
+    if r is None or isinstance(r, optax.MaskedNode):
       masters.append(p)
       continue
     if jnp.dtype(r.dtype) not in (jnp.dtype(jnp.int16), jnp.dtype(jnp.int8)):
