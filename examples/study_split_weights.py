@@ -306,7 +306,7 @@ def render_markdown(result) -> str:
         f'({100 * full["int16_exact_fraction"]:.4f}%); not exact: '
         f'{full["int16_not_exact_below_threshold"]} below bf16\'s overflow '
         f'threshold and the {full["int16_beyond_threshold"]} finite values '
-        'at or beyond it (magnitude >= 3.3962e38, where bf16 rounds to '
+        'at or beyond it (magnitude >= 2**128 - 2**119, where bf16 rounds to '
         'infinity), which keep a finite bf16 weight and lose at most '
         f'{full["int16_beyond_max_relative_error"]:.2e} relative. NaN '
         f'stays NaN: {full["nan_kept"]}. int8: largest relative error on '

@@ -135,6 +135,17 @@ class SplitTest(parameterized.TestCase):
         np.abs(back[big] - x[big]), 2.0**119 * (1 + 2.0**-20))
     self.assertGreater(below.mean(), 0.99)
 
+  def test_overflow_threshold_as_documented(self):
+    # Exact below 2**128 - 2**119 (3.3961775e38), not at it; float32's
+    # largest is 2**119 off, a little over 2**-9 relative.
+    x = _from_bits([0x7F7F7FFF, 0x7F7F8000, 0x7F7FFFFF])
+    _, _, back = _round_trip(jnp.asarray(x))
+    self.assertEqual(float(x[1]), 2.0**128 - 2.0**119)
+    self.assertEqual(helpers.bits(back)[0], 0x7F7F7FFF)
+    self.assertNotEqual(helpers.bits(back)[1], 0x7F7F8000)
+    self.assertLess(float(x[1]), 3.3962e38)
+    self.assertEqual(float(x[2]) - float(back[2]), 2.0**119)
+
   def test_edges(self):
     bits = [
         0x00000000, 0x80000000,  # +-0
@@ -336,6 +347,34 @@ class SplitWeightsTest(parameterized.TestCase):
     helpers.assert_bits_equal(masters, want)
     self.assertEqual(p['w'].dtype, jnp.bfloat16)
 
+  def test_masked_and_multi_transform_around(self):
+    # Leaves outside the mask hold a MaskedNode, not a remainder.
+    params = {'a': jnp.full((2, 3), 1.0 + 2.0**-12), 'b': jnp.ones(3)}
+    split = optax_q.split_weights(optax.sgd(2.0**-4))
+    for tx in (optax.masked(split, {'a': True, 'b': False}),
+               optax.multi_transform({'s': split, 'p': optax.sgd(1.0)},
+                                     {'a': 's', 'b': 'p'})):
+      state = tx.init(params)
+      p = optax_q.split_params(params, filter=lambda path, leaf: leaf.ndim > 1)
+      updates, state = tx.update(jax.tree.map(jnp.ones_like, params), state,
+                                 p)
+      p = optax_q.apply_updates(p, updates)
+      masters = optax_q.master_weights(p, state)
+      self.assertEqual(float(masters['a'][0, 0]), 1.0 + 2.0**-12 - 2.0**-4)
+      self.assertIs(masters['b'], p['b'])
+
+  def test_none_leaves_in_params(self):
+    # None leaves (no parameter) sit in params and updates alike.
+    params = {'n': None, 'w': jnp.array([1.0, -2.0])}
+    tx = optax_q.split_weights(optax.sgd(2.0**-4))
+    state = tx.init(params)
+    p = optax_q.split_params(params)
+    updates, state = tx.update({'n': None, 'w': jnp.ones(2)}, state, p)
+    p = optax_q.apply_updates(p, updates)
+    self.assertIsNone(p['n'])
+    np.testing.assert_array_equal(
+        np.asarray(optax_q.master_weights(p, state)['w']), [0.9375, -2.0625])
+
   def test_bf16_params_at_init_start_from_zero_remainder(self):
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16),
                           {'w': _small_params()['fc']['kernel']})
@@ -475,6 +514,15 @@ class SplitWeightsErrorsTest(parameterized.TestCase):
                            filter=lambda path, leaf: True)
     with self.assertRaisesRegex(ValueError, 'exactly one'):
       optax_q.master_weights(params, optax.sgd(1e-3).init(params))
+    # A remainder cast to another dtype (uint16 would read -1 as 65535).
+    bf16 = optax_q.split_params(params)
+    for dtype in (jnp.uint16, jnp.int32, jnp.float32):
+      cast = state._replace(remainder={'w': state.remainder['w'].astype(
+          dtype)})
+      with self.assertRaisesRegex(ValueError, "'w'.*int16 or int8"):
+        tx.update(grads, cast, bf16)
+      with self.assertRaisesRegex(ValueError, "'w'.*int16 or int8"):
+        optax_q.master_weights(bf16, cast)
 
   def test_wrong_apply_fails_loudly(self):
     tx = optax_q.split_weights(optax.sgd(1e-3))

@@ -451,7 +451,7 @@ class ErrorsTest(absltest.TestCase):
       optax_q.from_optax(state, self.tx, self.params)
 
   def test_bad_count(self):
-    for count in (-1, 1.5, 'ten'):
+    for count in (-1, 1.5, 'ten', 2**31, np.int64(2**40)):
       with self.assertRaisesRegex(ValueError, 'count must be an int'):
         optax_q.from_optax(self.plain, self.tx, self.params, count=count)
 

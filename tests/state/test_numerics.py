@@ -209,6 +209,16 @@ class EpsTest(absltest.TestCase):
       self.assertLen(_check(params, state, eps=0.0, warn=False)[0],
                      dtype == jnp.bfloat16)
 
+  def test_bf16_floor_fraction_counts_subnormal_moments(self):
+    # bf16's floor is a float32 subnormal, which CPUs compare as zero.
+    params = {'w': jnp.ones((4,), jnp.bfloat16)}
+    state = optax.adam(1e-3).init(params)
+    nu = {'w': jnp.array([1e-40, 1e-39, 0.0, 1.0], jnp.bfloat16)}
+    state = (state[0]._replace(nu=nu), *state[1:])
+    found, _ = _check(params, state, eps=1e-30, warn=False)
+    self.assertEqual([(f.kind, f.fraction) for f in found],
+                     [('nu_floor', 0.25)])
+
   def test_block_floor_and_the_steps_it_distorts(self):
     # Gradients 1 and 1e-4 side by side in every block of the default
     # (int8_dynamic) second moment: the small ones' v sits at the floor.
@@ -250,6 +260,12 @@ class EpsTest(absltest.TestCase):
                       warn=False)
     self.assertEqual([f.kind for f in found], ['eps_underflow', 'nu_floor'])
     self.assertTrue(math.isnan(found[1].fraction))
+    # An abstract injected learning rate holds no value: eps is still
+    # checked.
+    injected = jax.eval_shape(
+        optax.inject_hyperparams(optax.adam)(1e-3).init, abstract)
+    found, _ = _check(abstract, injected, eps=1e-8, warn=False)
+    self.assertEqual([f.kind for f in found], ['eps_underflow', 'nu_floor'])
     tx = optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(
         learning_rate=1e-2, eps=1e-8)
     found, _ = _check(params, tx.init(params), warn=False)

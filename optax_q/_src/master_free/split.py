@@ -83,9 +83,9 @@ def split(x: jax.Array, bits: int = 16) -> tuple[jax.Array, jax.Array]:
   and ``lo = (m - hi's) / 2**(16 - bits)``, which lies in
   ``[-2**(bits-1), 2**(bits-1))``. Finite values beyond bf16's largest
   finite plus half its last place keep ``hi`` finite (bf16's max) and
-  saturate ``lo`` (the master then off by under 2**-9 relative with
-  int16, 2**-9 + 2**-16 with int8); infinities split into themselves and
-  0; NaN into bf16's quiet NaN and 0.
+  saturate ``lo`` (the master then off by at most 2**119, about 2**-9
+  relative, with int16, under 2**-9 + 2**-16 relative with int8);
+  infinities split into themselves and 0; NaN into bf16's quiet NaN and 0.
   """
   drop = 16 - bits
   u = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
@@ -215,9 +215,16 @@ def _masters(params, state: SplitWeightsState, where: str) -> tuple:
   paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(
       params)[0]]
   for path, p, r in zip(paths, flat_p, flat_r):
-    if r is None:
+    # optax.masked puts a MaskedNode where its mask is False.
+    if r is None or isinstance(r, optax.MaskedNode):
       masters.append(p)
       continue
+    if jnp.dtype(r.dtype) not in (jnp.dtype(jnp.int16), jnp.dtype(jnp.int8)):
+      raise ValueError(
+          f'{where}: the remainder of parameter '
+          f'{state_tree.path_str(path)!r} is {r.dtype}, not int16 or int8 '
+          '(the state of split_weights, restored or cast to another '
+          'dtype).')
     if not state_tree.is_float_array(p) or (
         jnp.dtype(p.dtype) != jnp.bfloat16 or p.shape != r.shape):
       raise ValueError(
@@ -304,10 +311,11 @@ def split_weights(
   back to `m(\mathrm{hi})`. `hi` is bf16's nearest value to the master
   (ties away from zero, where round-to-nearest-even would need one more
   remainder value than int16 holds), so every float32 of magnitude below
-  `3.3962 \cdot 10^{38}` (bf16's largest finite plus half its last place),
+  `2^{128} - 2^{119} \approx 3.39618 \cdot 10^{38}` (bf16's largest
+  finite plus half its last place),
   zeros of either sign, subnormals and infinities come back bit for bit
   with int16; larger finite values keep `hi` at bf16's largest finite and
-  are off by at most `2^{119}` (under `2^{-9}` relative); NaN stays NaN.
+  are off by at most `2^{119}` (about `2^{-9}` relative); NaN stays NaN.
   With int8 the master is `x` rounded to 16 significant bits:
   `|x - \hat x| \le 2^{-16} |x|` for normal `x`.
 
@@ -343,8 +351,9 @@ def split_weights(
   Raises:
     ValueError: at construction, naming the argument: ``inner`` not a
       transform, ``remainder`` not ``'int16'`` or ``'int8'``, ``filter`` not
-      one of its names or a callable. In ``update``: no ``params``, or a
-      split parameter that is not bf16 of its remainder's shape.
+      one of its names or a callable. In ``update``: no ``params``, a
+      split parameter that is not bf16 of its remainder's shape, or a
+      remainder that is not int16 or int8.
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q

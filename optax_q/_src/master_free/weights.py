@@ -514,9 +514,9 @@ def apply_updates(params: Any, updates: Any) -> Any:
         f'where params has them); params: {p_def}, updates: {u_def}.')
   flat_p = jax.tree_util.tree_flatten_with_path(
       params, is_leaf=qarray_lib.is_qarray)[0]
+  # None leaves are empty nodes in both trees, as in flat_p.
   flat_u = jax.tree.leaves(
-      updates, is_leaf=lambda x: qarray_lib.is_qarray(x) or is_new_weights(x)
-      or x is None)
+      updates, is_leaf=lambda x: qarray_lib.is_qarray(x) or is_new_weights(x))
   if not any(qarray_lib.is_qarray(p) for _, p in flat_p) and not any(
       is_new_weights(u) for u in flat_u):
     return optax.apply_updates(params, updates)

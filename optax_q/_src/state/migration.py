@@ -335,9 +335,10 @@ def from_optax(optax_state: optax.OptState,
 
   Raises:
     ValueError: if ``tx`` is not a gradient transformation, ``count`` is
-      not an int >= 0, ``optax_state`` already holds optax_q state, or its
-      structure, shapes or dtypes do not fit the template (the message
-      names the first path that differs and both sides).
+      not an int in ``[0, 2**31 - 1]`` (the wrappers' int32 counters),
+      ``optax_state`` already holds optax_q state, or its structure, shapes
+      or dtypes do not fit the template (the message names the first path
+      that differs and both sides).
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
@@ -354,7 +355,9 @@ def from_optax(optax_state: optax.OptState,
   """
   validation.check_transform(tx, 'tx')
   if count is not None:
-    count = validation.check_int(count, 'count', traced=True)
+    # The wrappers count in int32.
+    count = validation.check_int(count, 'count', high=2**31 - 1,
+                                 traced=True)
   _check_plain(optax_state)
   template = tx.init(params)
   like = to_optax(jax.tree.map(_abstract, template))

@@ -285,7 +285,11 @@ def _floor_of_unscaled(path: str, leaf: Any, eps: float, fmt: Format,
   if _has_values(leaf):
     v = (qarray_lib.decode(leaf) if qarray_lib.is_qarray(leaf)
          else jnp.asarray(leaf).astype(jnp.float32))
-    fraction = float(jnp.mean((v > 0) & (v <= floor)))
+    # Compared as bit patterns (ordered as the values for v >= 0): bf16's
+    # floor is a float32 subnormal, which devices may compare as zero.
+    bits = jax.lax.bitcast_convert_type(v, jnp.uint32)
+    top = np.float32(floor).view(np.uint32)
+    fraction = float(jnp.mean((bits > 0) & (bits <= top)))
   share = ('' if math.isnan(fraction) else
            f'; {fraction:.1%} of the elements are stored at or below it')
   return NumericsFinding(
@@ -334,7 +338,9 @@ def _injected(state: Any, name: str) -> Any:
     return isinstance(getattr(x, 'hyperparams', None), dict)
   for node in jax.tree.leaves(state, is_leaf=has):
     if has(node) and name in node.hyperparams:
-      return node.hyperparams[name]
+      value = node.hyperparams[name]
+      # An abstract state (jax.eval_shape) holds no value to check.
+      return None if isinstance(value, jax.ShapeDtypeStruct) else value
   return None
 
 
@@ -552,7 +558,8 @@ def check_numerics(
       ``optax.inject_hyperparams`` state supplies ``learning_rate`` and
       ``eps`` where they are not given, and its ``count`` the step of a
       schedule. ``jax.eval_shape(tx.init, params)`` works for the checks
-      that need no values.
+      that need no values (its injected hyperparameters, abstract, are
+      not read).
     learning_rate: A non-negative float, a scalar array, or an Optax
       schedule (evaluated at ``step``); None: read from ``state``, or the
       learning-rate check is skipped. 0 skips it.
