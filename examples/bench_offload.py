@@ -57,6 +57,7 @@ import optax
 
 import optax_q
 
+import _common  # pylint: disable=g-bad-import-order
 import bench_step  # pylint: disable=g-bad-import-order
 
 # PCIe gen5 x16: 32 GT/s x 16 lanes, 128b/130b encoding, about 63 GB/s per
@@ -108,14 +109,20 @@ def offload_row(name: str, tx, params, grads, *, offload: bool
 
 
 def make_parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                   formatter_class=_common.HelpFormatter)
   parser.add_argument('--d', type=int, default=512, help='model width')
-  parser.add_argument('--layers', type=int, default=4)
-  parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--layers', type=int, default=4,
+                      help='transformer layers of the benchmark tree')
+  parser.add_argument('--rounds', type=int, default=5,
+                      help='rounds over the rows, each taking its share '
+                      'of --steps')
   parser.add_argument('--steps', type=int, default=20,
                       help='measured steps per row, over all rounds')
   parser.add_argument('--out', default=os.path.join(
-      bench_step._ROOT, 'runs', 'bench_offload'))  # pylint: disable=protected-access
+      bench_step._ROOT, 'runs', 'bench_offload'),  # pylint: disable=protected-access
+                      help='output directory (default: runs/bench_offload; '
+                      'docs/results for the published results)')
   return parser
 
 
