@@ -366,6 +366,17 @@ class RuleTest(parameterized.TestCase):
       self._shardings(_adamw('int8'), {'w': (64, 256)}, mesh,
                       memory_kind=memory_kind)
 
+  def test_bad_memory_kind_on_an_abstract_mesh(self):
+    mesh = jax.sharding.AbstractMesh((8,), ('data',))
+    with self.assertRaisesRegex(ValueError, "memory_kind must be .*"
+                                "'pinned_host'.*got 'hbm'"):
+      self._shardings(_adamw('int8'), {'w': (64, 256)}, mesh,
+                      memory_kind='hbm')
+    out = self._shardings(_adamw('int8'), {'w': (64, 256)}, mesh,
+                          memory_kind='pinned_host')
+    self.assertEqual(out[0].inner_state.mu['w'].codes.memory_kind,
+                     'pinned_host')
+
   def test_memory_kind_on_every_buffer(self):
     mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
     out = self._shardings(_adamw('int8'), {'w': (64, 256), 's': ()}, mesh,

@@ -345,11 +345,12 @@ def _check_memory_kind(memory_kind, mesh) -> None:
   """Raises unless ``memory_kind`` is None or one the mesh's devices have."""
   if memory_kind is None:
     return
-  kinds = ()  # An AbstractMesh has no devices to ask.
-  if isinstance(mesh, jax.sharding.Mesh) and mesh.devices.size:
-    kinds = tuple(
-        m.kind for m in mesh.devices.flat[0].addressable_memories())
-  if not isinstance(memory_kind, str) or (kinds and memory_kind not in kinds):
+  # An AbstractMesh has no devices to ask: NamedSharding checks the kind
+  # against the default backend's devices, and so does this.
+  concrete = isinstance(mesh, jax.sharding.Mesh) and mesh.devices.size
+  device = mesh.devices.flat[0] if concrete else jax.local_devices()[0]
+  kinds = tuple(m.kind for m in device.addressable_memories())
+  if not isinstance(memory_kind, str) or memory_kind not in kinds:
     raise ValueError(
         f'memory_kind must be None or a memory kind of the mesh\'s devices '
         f'{kinds}, got {validation.short(memory_kind)}.')
