@@ -407,6 +407,22 @@ class RelayoutTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'param_shardings'):
       optax_q.relayout(state, layout, shard_over='data')
 
+  def test_relayout_checks_the_placement_when_nothing_changes(self):
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
+    params = {'w': np.zeros((64, 256), np.float32)}
+    ps = {'w': NamedSharding(mesh, P())}
+    tx = optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0)
+    state = tx.init(params)
+    for kwargs in ({}, {'step': 1}):
+      with self.assertRaisesRegex(ValueError, "'batch' is not one of them"):
+        optax_q.relayout(state, param_shardings=ps, shard_over='batch',
+                         **kwargs)
+      with self.assertRaisesRegex(ValueError, 'memory_kind must be'):
+        optax_q.relayout(state, param_shardings=ps, memory_kind='host',
+                         **kwargs)
+    self.assertIs(optax_q.relayout(state, param_shardings=ps,
+                                   shard_over='data'), state)
+
 
 class TwoProcessTest(parameterized.TestCase):
 

@@ -962,7 +962,9 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
     ValueError: if ``state`` holds no
       [`AdaptiveBitsState`][optax_q.AdaptiveBitsState] (None, a plain
       optimizer's state), ``layout`` is not a dict of candidates of this
-      state, or ``step`` is not an int >= 0.
+      state, ``step`` is not an int >= 0, or ``param_shardings``,
+      ``shard_over`` or ``memory_kind`` is one that ``state_shardings``
+      rejects (checked on every call, whether or not a leaf changes).
 
   Examples:
     >>> import jax.numpy as jnp, optax, optax_q
@@ -974,6 +976,11 @@ def relayout(state: Any, layout: Mapping[str, str] | None = None, *,
     'nf3/block'
   """
   _check_adaptive_state(state, 'relayout')
+  if param_shardings is not None:
+    # Checks the placement now, not at the first step that changes a leaf.
+    sharding_lib.state_shardings(None, param_shardings,
+                                 shard_over=shard_over,
+                                 memory_kind=memory_kind)
   if step is not None:
     step = validation.check_int(step, 'step')
     periods = {x.policy.commit_period for x in jax.tree.leaves(
