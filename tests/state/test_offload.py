@@ -30,6 +30,7 @@ import jax  # noqa: E402
 from jax.sharding import AxisType  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import optax_q  # noqa: E402
@@ -107,6 +108,31 @@ class OffloadTest(parameterized.TestCase):
   def test_more(self, fmt, axis_type):
     self._check(optax_q.adamw(1e-2, mu_format=fmt, nu_format=fmt,
                               block_size=32, min_size=0), axis_type)
+
+  @parameterized.named_parameters(('auto', AxisType.Auto),
+                                  ('explicit', AxisType.Explicit))
+  def test_relayout_of_an_offloaded_state(self, axis_type):
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(axis_type,))
+    params = _params()
+    param_shardings = {k: NamedSharding(mesh, P()) for k in SHAPES}
+    tx = optax_q.adaptive_bits(optax.scale_by_adam(), min_size=0,
+                               block_size=32)
+    stored = optax_q.state_shardings(
+        jax.eval_shape(tx.init, params), param_shardings, shard_over='data',
+        memory_kind='pinned_host')
+    state = jax.jit(tx.init, out_shardings=stored)(params)
+    layout = dict(optax_q.bit_layout(state))
+    for name in ('w', 'b'):
+      layout[f'inner_state/inner_state/mu/{name}'] = 'int8_dynamic/block'
+    new = optax_q.relayout(state, layout, param_shardings=param_shardings,
+                           shard_over='data', memory_kind='pinned_host')
+    self.assertEqual({x.sharding.memory_kind for x in jax.tree.leaves(new)},
+                     {'pinned_host'})
+    mu = new.inner_state.inner_state.mu['w']
+    self.assertEqual(mu.fmt.name, 'int8_dynamic')
+    self.assertEqual(mu.codes.sharding.spec, P('data', None))
+    helpers.assert_trees_equal(
+        new, optax_q.relayout(tx.init(params), layout))
 
 
 if __name__ == '__main__':

@@ -788,6 +788,18 @@ def _box_of(x: Any) -> Any:
       jax.tree_util.GetAttrKey('value'),) else None
 
 
+def _in_device_memory(x: Any) -> Any:
+  """``x`` in its devices' default memory: a buffer offloaded to another
+  (``'pinned_host'``) can't be decoded where it is."""
+  sharding = getattr(x, 'sharding', None)
+  if getattr(sharding, 'memory_kind', None) is None:
+    return x
+  default = next(iter(sharding.addressable_devices)).default_memory().kind
+  if sharding.memory_kind == default:
+    return x
+  return jax.device_put(x, sharding.with_memory_kind(default))
+
+
 def _convert(q: QArray, codec: codec_lib.Codec) -> QArray:
   """``q`` re-encoded (nearest) with ``codec``; abstract in, abstract out.
 
@@ -801,7 +813,7 @@ def _convert(q: QArray, codec: codec_lib.Codec) -> QArray:
   if isinstance(plain.codes, jax.ShapeDtypeStruct):
     new = jax.eval_shape(lambda x: _reencode(x, codec), plain)
   else:
-    new = _reencode(plain, codec)
+    new = _reencode(jax.tree.map(_in_device_memory, plain), codec)
   return dataclasses.replace(new, **{
       f: state_tree.rebox(b, getattr(new, f))
       for f, b in zip(('codes', 'scale'), boxes)
