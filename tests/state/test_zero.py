@@ -377,6 +377,20 @@ class RuleTest(parameterized.TestCase):
     self.assertEqual(out[0].inner_state.mu['w'].codes.memory_kind,
                      'pinned_host')
 
+  def test_memory_kind_of_offloaded_parameters(self):
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
+    params = {'w': jax.ShapeDtypeStruct((64, 256), 'float32')}
+    abstract = jax.eval_shape(_adamw('int8').init, params)
+    ps = {'w': NamedSharding(mesh, P(), memory_kind='pinned_host')}
+    out = optax_q.state_shardings(abstract, ps, shard_over='data')
+    self.assertEqual(out[0].inner_state.mu['w'].codes.memory_kind,
+                     'pinned_host')
+    self.assertEqual(out[0].count.memory_kind, 'device')
+    out = optax_q.state_shardings(abstract, ps, shard_over='data',
+                                  memory_kind='device')
+    self.assertEqual({s.memory_kind for s in jax.tree.leaves(out)},
+                     {'device'})
+
   def test_memory_kind_on_every_buffer(self):
     mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
     out = self._shardings(_adamw('int8'), {'w': (64, 256), 's': ()}, mesh,

@@ -235,11 +235,14 @@ def state_shardings(
       shardings. A parameter whose spec already uses one of the axes
       (FSDP: sharded over ``'data'`` itself) is not split over that axis
       again. Replicated state (step counters, telemetry) stays replicated.
-    memory_kind: None, or the memory every state buffer is placed in
-      between steps, one of the mesh devices' memory kinds (e.g.
-      ``'pinned_host'`` to offload the state to host memory; the step then
-      moves it to the device with ``jax.device_put`` to the shardings this
-      function gives without ``memory_kind``).
+    memory_kind: None (each buffer in its parameter's sharding's memory,
+      replicated state in device memory), or the memory every state buffer
+      is placed in between steps, one of the mesh devices' memory kinds
+      (e.g. ``'pinned_host'`` to offload the state to host memory; the
+      step then moves it to the device with ``jax.device_put`` to the
+      shardings this function gives without ``memory_kind``, or with
+      ``memory_kind='device'`` where the parameters' shardings name
+      another memory).
 
   Returns:
     A tree like ``state`` (QArrays included) with ``NamedSharding`` leaves,
