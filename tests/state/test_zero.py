@@ -351,7 +351,9 @@ class RuleTest(parameterized.TestCase):
       ('twice', ('data', 'data'), 'distinct axes'),
       ('empty', (), 'a mesh axis name'),
       ('not_a_name', 3, 'a mesh axis name'),
-      ('names_not_str', ('data', 1), 'a mesh axis name'))
+      ('names_not_str', ('data', 1), 'a mesh axis name'),
+      ('a_set', {'data'}, 'a mesh axis name'),
+      ('a_dict', {'data': 8}, 'a mesh axis name'))
   def test_bad_shard_over(self, shard_over, message):
     mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Auto,))
     with self.assertRaisesRegex(ValueError, message):

@@ -326,10 +326,9 @@ def _check_shard_over(shard_over, mesh) -> tuple[str, ...]:
   if shard_over is None:
     return ()
   axes = (shard_over,) if isinstance(shard_over, str) else shard_over
-  try:
-    axes = tuple(axes)
-  except TypeError:
-    axes = None
+  # An ordered sequence: the order of the axes is the order of the devices
+  # (a set's differs between processes).
+  axes = tuple(axes) if isinstance(axes, (tuple, list)) else None
   names = tuple(mesh.axis_names)
   if not axes or not all(isinstance(a, str) for a in axes):
     raise ValueError(
