@@ -88,8 +88,8 @@ def _run(tx, layout, axis_type, *, steps=2, **kwargs):
   param_shardings = {n: NamedSharding(mesh, spec)
                      for n, (_, spec) in layout.items()}
   shardings = optax_q.state_shardings(
-      jax.eval_shape(tx.init, params), param_shardings, shard_over='data',
-      **kwargs)
+      jax.eval_shape(tx.init, params), param_shardings,
+      **{'shard_over': 'data', **kwargs})
   with jax.set_mesh(mesh):
     p = jax.device_put(params, param_shardings)
     state = jax.jit(tx.init, out_shardings=shardings)(p)
@@ -140,22 +140,7 @@ OPTIMIZERS = {
 
 def _plain(tx, layout, axis_type, *, steps=2):
   """The step with the state sharded as its parameters only."""
-  mesh = _mesh(layout, axis_type)
-  params = _params(layout)
-  param_shardings = {n: NamedSharding(mesh, spec)
-                     for n, (_, spec) in layout.items()}
-  plain = optax_q.state_shardings(jax.eval_shape(tx.init, params),
-                                  param_shardings)
-  with jax.set_mesh(mesh):
-    p = jax.device_put(params, param_shardings)
-    state = jax.jit(tx.init, out_shardings=plain)(p)
-    step = jax.jit(helpers.step_fn(tx),
-                   in_shardings=(param_shardings, plain, param_shardings),
-                   out_shardings=(param_shardings, plain))
-    for i in range(steps):
-      p, state = step(p, state, jax.device_put(helpers.grads(i, params),
-                                               param_shardings))
-  return p, state
+  return _run(tx, layout, axis_type, steps=steps, shard_over=None)[:2]
 
 
 def _spec_axes(x) -> set[str]:
