@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -158,7 +157,7 @@ class Codec:
     else:
       scale_sharding = explicit.fit(sharding, scale)
     codes_sharding = explicit.fit(sharding, codes)
-    if not shard_over or math.prod(codes) <= 1:
+    if not shard_over:
       return codes_sharding, scale_sharding
     buffers = [(codes_sharding, codes)]
     if scale_sharding is not None and not self.replicated_scales:

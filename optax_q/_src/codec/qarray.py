@@ -978,6 +978,13 @@ def encode_compiled(x: jax.Array, fmt: Format, *, scale_mode: str,
                 key=key, dtype=dtype)
 
 
+@functools.partial(jax.jit, static_argnames=('dtype',))
+def decode_compiled(q: QArray, dtype: Any = jnp.float32) -> jax.Array:
+  """`decode`, compiled once per layout and shape: outside ``jit`` (a
+  state decoded for export) one call instead of many small ones."""
+  return decode(q, dtype)
+
+
 @functools.cache
 def zero_code(fmt: Format) -> np.ndarray:
   """The unpacked code `encode` gives 0.0 (a scalar of the codes' dtype),

@@ -71,8 +71,11 @@ def spread(buffers, axes: tuple[str, ...], whole=lambda axis, size: True
   than 1 there, whose combined mesh axes (the entry's, then ``axes``)
   divide each such buffer's length, and where ``whole(axis, size)`` (size:
   the devices along the combined axes) allows it; buffers of length 1
-  there keep their entry. None where no axis takes them.
+  there keep their entry. None where no axis takes them (buffers of one
+  element or none: nothing to split).
   """
+  if all(math.prod(shape) <= 1 for _, shape in buffers):
+    return None
   rank = len(buffers[0][1])
   mesh = buffers[0][0].mesh
   for axis in range(rank):

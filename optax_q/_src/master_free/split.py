@@ -124,10 +124,10 @@ _split = jax.jit(split, static_argnums=1)
 _join = jax.jit(join)
 
 
-def _split_leaf(config: SplitConfig, part: int, index, path, leaf):
-  """One chosen leaf's ``hi`` (part 0) or ``lo`` (part 1)."""
+def _split_leaf(config: SplitConfig, index, path, leaf):
+  """One chosen leaf's ``(hi, lo)``."""
   del index, path
-  return _split(leaf, config.bits)[part]
+  return _split(leaf, config.bits)
 
 
 def split_params(
@@ -174,8 +174,9 @@ def split_params(
   weights.check_params(params)
   config = SplitConfig(_check_remainder(remainder),
                        _check_filter(filter))
+  split = functools.partial(_split_leaf, config)
   return weights.map_chosen(params, config.filter,
-                            functools.partial(_split_leaf, config, 0))
+                            lambda *args: split(*args)[0])
 
 
 def _check_remainder(remainder: Any) -> int:
@@ -189,15 +190,18 @@ def _check_filter(filter: Any) -> Any:  # pylint: disable=redefined-builtin
 
 
 def _init(inner, config: SplitConfig, params) -> SplitWeightsState:
-  lo = weights.map_chosen(params, config.filter,
-                          functools.partial(_split_leaf, config, 1),
-                          keep=lambda leaf: None)
-  # The inner optimizer starts from the float32 masters (what the split
-  # keeps of them) and the other leaves as they are.
-  masters = weights.map_chosen(
-      params, config.filter,
-      lambda index, path, leaf: _join(*_split(leaf, config.bits)))
-  return SplitWeightsState(inner_state=inner.init(masters), remainder=lo)
+  # Each chosen leaf split once: its remainder, and the float32 master the
+  # inner optimizer starts from (what the split keeps of it); the other
+  # leaves as they are, with no remainder.
+  parts = weights.map_chosen(
+      params, config.filter, functools.partial(_split_leaf, config),
+      keep=lambda leaf: (leaf, None))
+  treedef = jax.tree.structure(params)
+  parts = treedef.flatten_up_to(parts)
+  masters = [x if lo is None else _join(x, lo) for x, lo in parts]
+  return SplitWeightsState(
+      inner_state=inner.init(treedef.unflatten(masters)),
+      remainder=treedef.unflatten([lo for _, lo in parts]))
 
 
 def _masters(params, state: SplitWeightsState, where: str) -> tuple:

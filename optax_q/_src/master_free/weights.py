@@ -143,6 +143,10 @@ class NewWeights(metaclass=_NamedWithHint):
             f'updates[{where!r}] holds new plain weights but the parameter '
             f'is quantized ({qarray_lib.layout_tag(param)}).')
       return self._plain(param, where)
+    if not qarray_lib.is_qarray(param):
+      raise ValueError(
+          f'updates[{where!r}] holds new quantized weights but the '
+          'parameter is a plain array.')
     if (param.fmt, param.shape, param.scale_mode, param.block_size) != (
         self.like.fmt, self.like.shape, self.like.scale_mode,
         self.like.block_size):
@@ -523,17 +527,15 @@ def apply_updates(params: Any, updates: Any) -> Any:
   out = []
   for (path, p), u in zip(flat_p, flat_u):
     where = state_tree.path_str(path)
-    if qarray_lib.is_qarray(p):
-      if not is_new_weights(u):
-        raise ValueError(
-            f'updates[{where!r}] is a plain array, not new weights, but the '
-            f'parameter is quantized ({qarray_lib.layout_tag(p)}): quantized '
-            'parameters take the new weights that optax_q.eco returns '
-            '(wrap the optimizer in optax_q.eco).')
+    if is_new_weights(u):  # Checked against the parameter's kind.
       out.append(u.weights(p, where))
-    elif is_new_weights(u) and not qarray_lib.is_qarray(u.like):
-      out.append(u.weights(p, where))  # optax_q.split_weights' bf16.
-    elif is_new_weights(u) or qarray_lib.is_qarray(u):
+    elif qarray_lib.is_qarray(p):
+      raise ValueError(
+          f'updates[{where!r}] is a plain array, not new weights, but the '
+          f'parameter is quantized ({qarray_lib.layout_tag(p)}): quantized '
+          'parameters take the new weights that optax_q.eco returns '
+          '(wrap the optimizer in optax_q.eco).')
+    elif qarray_lib.is_qarray(u):
       raise ValueError(
           f'updates[{where!r}] holds new quantized weights but the '
           'parameter is a plain array.')

@@ -68,12 +68,6 @@ def _strip(state: Any, leaf_fn) -> Any:
   return jax.tree.map(visit, state, is_leaf=_is_node)
 
 
-@jax.jit
-def _decode(q: QArray) -> jax.Array:
-  """``q`` decoded to its logical dtype (compiled once per layout)."""
-  return qarray_lib.decode(q, q.dtype)
-
-
 def _decoded(q: QArray) -> Any:
   """``q`` decoded (abstract in, abstract out)."""
   if isinstance(q.codes, jax.ShapeDtypeStruct):
@@ -82,7 +76,7 @@ def _decoded(q: QArray) -> Any:
     raise ValueError(
         f'to_optax decodes arrays, but the codes of a {q.fmt.name} QArray '
         f'are held in a {type(q.codes).__name__}{_NNX_HINT}.')
-  return _decode(q)
+  return qarray_lib.decode_compiled(q, jnp.dtype(q.dtype))
 
 
 def to_optax(state: optax.OptState) -> optax.OptState:

@@ -103,7 +103,7 @@ def _leaf_sharding(leaf, sharding, *, problems, what, shard_over=()):
   if hasattr(leaf, 'shape'):
     out = explicit.fit(sharding, leaf.shape)
     _report(sharding, out, leaf.shape, problems=problems, what=what)
-    if extra and math.prod(leaf.shape) > 1:
+    if extra:
       out = (explicit.spread([(out, leaf.shape)], extra) or [out])[0]
       _report_spread(out, leaf.shape, extra, problems=problems, what=what)
     return out
