@@ -23,6 +23,8 @@ bit.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import helpers  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
 
 from absl.testing import absltest  # noqa: E402
 from absl.testing import parameterized  # noqa: E402
@@ -31,6 +33,7 @@ from jax.sharding import AxisType  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 import optax  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
 
 import optax_q  # noqa: E402
@@ -133,6 +136,53 @@ class OffloadTest(parameterized.TestCase):
     self.assertEqual(mu.codes.sharding.spec, P('data', None))
     helpers.assert_trees_equal(
         new, optax_q.relayout(tx.init(params), layout))
+
+
+class CheckpointTest(absltest.TestCase):
+
+  def test_unsharded_checkpoint_resumes_split_and_offloaded(self):
+    # Saved by a run on one device, restored into another configuration:
+    # split over 'data' and in host memory, on an Explicit mesh; the
+    # resumed step is the unsharded run's, bit for bit.
+    tx = optax_q.adamw(1e-2, block_size=32, min_size=0)
+    params = _params()
+    step = jax.jit(helpers.step_fn(tx))
+    p, state = params, tx.init(params)
+    for i in range(2):
+      p, state = step(p, state, helpers.grads(i, params))
+    mesh = jax.make_mesh((8,), ('data',), axis_types=(AxisType.Explicit,))
+    param_shardings = {k: NamedSharding(mesh, P()) for k in SHAPES}
+    abstract = jax.eval_shape(tx.init, params)
+    on_device = optax_q.state_shardings(abstract, param_shardings,
+                                        shard_over='data')
+    stored = optax_q.state_shardings(abstract, param_shardings,
+                                     shard_over='data',
+                                     memory_kind='pinned_host')
+    path = os.path.join(tempfile.mkdtemp(), 'state')
+    with ocp.StandardCheckpointer() as checkpointer:
+      checkpointer.save(path, state)
+    with ocp.StandardCheckpointer() as checkpointer:
+      restored = checkpointer.restore(path, jax.tree.map(
+          lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+          abstract, stored))
+    helpers.assert_trees_equal(restored, state)
+    self.assertEqual(restored[0].inner_state.mu['w'].codes.sharding.spec,
+                     P('data', None))
+
+    def offloaded(p, state, g):
+      p, state = helpers.step_fn(tx)(p, jax.device_put(state, on_device), g)
+      return p, jax.device_put(state, stored)
+
+    with jax.set_mesh(mesh):
+      got = jax.jit(offloaded, in_shardings=(param_shardings, stored,
+                                             param_shardings),
+                    out_shardings=(param_shardings, stored))(
+                        jax.device_put(p, param_shardings), restored,
+                        jax.device_put(helpers.grads(2, params),
+                                       param_shardings))
+    self.assertEqual({x.sharding.memory_kind for x in jax.tree.leaves(
+        got[1])}, {'pinned_host'})
+    helpers.assert_trees_equal(got, step(p, state, helpers.grads(2, params)))
 
 
 if __name__ == '__main__':
